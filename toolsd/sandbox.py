@@ -1,0 +1,292 @@
+"""A session's sandbox policy and the bubblewrap argv that enforces it.
+
+Pure: nothing here touches the filesystem or spawns anything. The caller resolves paths
+(realpath), filters hidden paths for existence, and appends the launcher command to the argv
+prefix that `bwrap_argv` returns. The same clean environment (`sandbox_env`) is used when a
+session runs unsandboxed.
+
+Mount order (each later mount lands on top of earlier ones):
+
+    --ro-bind / /              the host, read-only
+    --bind SCRATCH /tmp        before the workspace: a workspace may live under /tmp
+    --dev /dev, --proc /proc
+    extra read-only binds
+    hidden dirs that CONTAIN the workspace (outermost first)
+    the workspace              --bind, or --ro-bind when not writable
+    protected paths            --ro-bind inside the workspace (.git/hooks, .git/config)
+    hiding mounts              --tmpfs DIR, --ro-bind /dev/null FILE: last, so that no
+                               later mount can uncover them
+
+No seccomp filter: see DESIGN.md ("One sandbox per session").
+"""
+
+from __future__ import annotations
+
+import os.path
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from plumbum.machines.local import LocalCommand
+
+NETWORKS = ("none", "host")
+
+# bwrap mounts its own /dev and /proc; a workspace bound over them would put the host's
+# devices or processes back (and writable), so no workspace may live there.
+_SYSTEM_MOUNTS = ("/dev", "/proc")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-process resource limits of a session's commands (server defaults; session.open
+    may override each)."""
+
+    memory_mb: int = 4096  # RLIMIT_AS
+    pids: int = 512  # RLIMIT_NPROC: per user, and never enforced for root (see docs/sandbox.md)
+    cpu_s: int = 3600  # RLIMIT_CPU, per process
+    file_mb: int = 1024  # RLIMIT_FSIZE
+    nofile: int = 1024  # RLIMIT_NOFILE
+
+    def __post_init__(self) -> None:
+        for name in ("memory_mb", "pids", "cpu_s", "file_mb", "nofile"):
+            value = getattr(self, name)
+            # bool is an int to Python but `pids: true` is a client bug, not a limit of 1.
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"limit {name} must be a positive integer, got {value!r}")
+
+    def rlimits(self) -> dict[str, tuple[int, int]]:
+        """{resource name: (soft, hard)}, names as in the `resource` module. Soft equals hard
+        so sandboxed code cannot raise its own limit back."""
+        mib = 1024 * 1024
+        pairs = {
+            "RLIMIT_AS": self.memory_mb * mib,
+            "RLIMIT_NPROC": self.pids,
+            "RLIMIT_CPU": self.cpu_s,
+            "RLIMIT_FSIZE": self.file_mb * mib,
+            "RLIMIT_NOFILE": self.nofile,
+            "RLIMIT_CORE": 0,
+        }
+        return {name: (value, value) for name, value in pairs.items()}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one session's sandbox shows and allows. Every path is absolute and already
+    resolved by the caller (symlinks in them would be followed inside the new root).
+    Construction validates: an invalid policy raises ValueError and never exists."""
+
+    workspace: str  # host folder, bound at the same path
+    scratch: str  # host folder bound at /tmp (per session)
+    writable: bool = True
+    network: str = "none"  # "none" | "host"
+    hidden_dirs: tuple[str, ...] = ()  # tmpfs over each (existing ones: the caller filters)
+    hidden_files: tuple[str, ...] = ()  # /dev/null bound read-only over each
+    protected: tuple[str, ...] = ()  # paths inside the workspace re-bound read-only
+    env: Mapping[str, str] = field(default_factory=dict)  # the complete environment inside
+    extra_ro_binds: tuple[str, ...] = ()  # e.g. the driver folder when /tmp would hide it
+
+    def __post_init__(self) -> None:
+        if self.network not in NETWORKS:
+            raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
+        if not isinstance(self.writable, bool):
+            raise ValueError(f"writable must be true or false, got {self.writable!r}")
+        validate_env(self.env)
+        _plan(self)  # raises on conflicting paths, so a Policy that exists can be mounted
+
+
+def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
+    """argv prefix ending with '--'; the caller appends the launcher command.
+
+    `bwrap` is used as argv[0] as given (a bare name is looked up in PATH at exec time,
+    not here)."""
+    plan = _plan(policy)
+    ws = plan.workspace
+    args: list[str] = ["--ro-bind", "/", "/", "--bind", plan.scratch, "/tmp",
+                       "--dev", "/dev", "--proc", "/proc"]
+    for path in plan.extra_ro_binds:
+        args += ["--ro-bind", path, path]
+    for path in plan.outer_hidden_dirs:
+        args += ["--tmpfs", path]
+    args += ["--bind" if policy.writable else "--ro-bind", ws, ws]
+    for path in plan.protected:
+        args += ["--ro-bind", path, path]
+    for path in plan.hidden_dirs:
+        args += ["--tmpfs", path]
+    for path in plan.hidden_files:
+        args += ["--ro-bind", "/dev/null", path]
+    args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+             "--unshare-cgroup-try"]
+    if policy.network == "none":
+        args.append("--unshare-net")
+    args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
+    for key, value in policy.env.items():
+        args += ["--setenv", key, value]
+    args += ["--chdir", ws, "--"]
+    # LocalCommand on the name itself rather than local[...]: local[] resolves the program
+    # against PATH and the current directory, which is I/O (and fails when the daemon's
+    # cwd was removed); formulate() of a bound command is plain list building.
+    return LocalCommand(bwrap)[args].formulate()
+
+
+def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str]) -> dict[str, str]:
+    """The clean environment of a session: fixed values for tools that would otherwise page,
+    colour or buffer their output, then the session's own env on top (it may override any)."""
+    env = {
+        "PATH": path,
+        "HOME": home,
+        "LANG": lang,
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "PYTHONUNBUFFERED": "1",
+        "XDG_CACHE_HOME": "/tmp/.cache",
+        "TMPDIR": "/tmp",
+    }
+    env.update(validate_env(extra))
+    return env
+
+
+_CREDENTIAL_DIRS = (".ssh", ".aws", ".gnupg", ".config/gcloud", ".kube", ".docker", ".azure",
+                    ".password-store")
+_CREDENTIAL_FILES = (".netrc", ".git-credentials", ".pgpass")
+
+
+def credential_paths(home: str) -> tuple[list[str], list[str]]:
+    """(dirs, files) under `home` that sessions never see. Pure joins: the caller keeps the
+    ones that exist (bwrap would create a missing mount point, inside the workspace too)."""
+    return ([os.path.join(home, d) for d in _CREDENTIAL_DIRS],
+            [os.path.join(home, f) for f in _CREDENTIAL_FILES])
+
+
+def validate_env(env: object) -> dict[str, str]:
+    """A copy of `env` as a plain dict of str to str, or ValueError naming the bad key."""
+    if not isinstance(env, Mapping):
+        raise ValueError(f"env must be a map of names to strings, got {type(env).__name__}")
+    clean: dict[str, str] = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"env key {key!r} is not a name: use a non-empty string")
+        if "=" in key or "\0" in key:
+            raise ValueError(f"env key {key!r} contains '=' or a NUL byte, which no "
+                             "environment can hold; rename it")
+        if not isinstance(value, str):
+            raise ValueError(f"env value of {key!r} must be a string, got {type(value).__name__}")
+        if "\0" in value:
+            raise ValueError(f"env value of {key!r} contains a NUL byte, which no environment "
+                             "can hold; remove it")
+        clean[key] = value
+    return clean
+
+
+# ---------------------------------------------------------------- the mount plan
+
+
+@dataclass(frozen=True)
+class _Plan:
+    workspace: str
+    scratch: str
+    extra_ro_binds: tuple[str, ...]
+    outer_hidden_dirs: tuple[str, ...]  # contain the workspace: mounted before it
+    protected: tuple[str, ...]
+    hidden_dirs: tuple[str, ...]  # the rest: mounted last
+    hidden_files: tuple[str, ...]
+
+
+def _plan(policy: Policy) -> _Plan:
+    """Normalise, deduplicate and order every path of the policy; ValueError on conflicts."""
+    ws = _abs_path("workspace", policy.workspace)
+    if ws == "/":
+        raise ValueError("the workspace cannot be / (it would make the whole host writable); "
+                         "open the session on a project folder")
+    for system in _SYSTEM_MOUNTS:
+        if _inside(ws, system):
+            raise ValueError(f"the workspace {ws} lies in {system}, which the sandbox replaces "
+                             "with its own; open the session on a project folder")
+    scratch = _abs_path("scratch", policy.scratch)
+    if scratch == "/":
+        raise ValueError("the scratch folder cannot be /; give each session its own folder")
+
+    protected = _paths("protected", policy.protected)
+    for path in protected:
+        if not _inside(path, ws):
+            raise ValueError(f"protected path {path} is not inside the workspace {ws}; "
+                             "only workspace paths can be re-bound read-only")
+    if not policy.writable:
+        protected = []  # the whole workspace is read-only already
+
+    dirs = _paths("hidden_dirs", policy.hidden_dirs)
+    files = _paths("hidden_files", policy.hidden_files)
+    for path in (*dirs, *files):
+        if path == "/":
+            raise ValueError("/ cannot be hidden: it would hide the whole system")
+        if path == ws:
+            raise ValueError(f"the workspace {ws} is itself a hidden path; hiding it would "
+                             "make the session useless and showing it would expose what is "
+                             "hidden: open the session on a folder inside it or elsewhere")
+    # An extra bind inside the workspace would add nothing the workspace does not show.
+    extras = [e for e in _paths("extra_ro_binds", policy.extra_ro_binds) if not _inside(e, ws)]
+
+    # Inside the sandbox /tmp is the session's scratch, so host paths under /tmp are out of
+    # sight already; a tmpfs there would only plant empty mount points in the scratch. The
+    # exceptions are what the workspace or an extra bind brings back from the host's /tmp.
+    def in_sight(path: str) -> bool:
+        return not _inside(path, "/tmp") or any(_inside(path, r) for r in (ws, *extras))
+
+    dirs = [d for d in dirs if in_sight(d)]
+    files = [f for f in files if in_sight(f)]
+
+    def covered(path: str, *, equal_too: bool) -> bool:
+        # A hidden path under another hidden dir is hidden by that tmpfs already, except a
+        # path in the workspace under a dir that contains the workspace: the workspace is
+        # bound again on top of that tmpfs, so the inner path needs its own mount.
+        for d in dirs:
+            if d == path and not equal_too:
+                continue
+            if _inside(path, d) and not (_inside(ws, d) and _inside(path, ws)):
+                return True
+        return False
+
+    # A hidden dir that contains the workspace (ws = ~/.docker/proj, hidden ~/.docker):
+    # mount the tmpfs first and the workspace on top. The user chose that folder, so it stays
+    # usable, and everything else in the hidden dir stays hidden.
+    outer = sorted((d for d in dirs if _inside(ws, d) and not covered(d, equal_too=False)),
+                   key=lambda d: d.count("/"))
+    inner = [d for d in dirs if not _inside(ws, d) and not covered(d, equal_too=False)]
+    # A hidden dir INSIDE the workspace (ws = $HOME, hidden ~/.ssh) is simply mounted after
+    # the workspace, like every other hiding mount: the workspace bind can never uncover it.
+    files = [f for f in files if not covered(f, equal_too=True)]
+
+    for e in extras:
+        for d in dirs:
+            if _inside(e, d):
+                raise ValueError(f"extra read-only bind {e} lies inside hidden folder {d}; "
+                                 "hidden paths stay hidden, so move it or stop hiding that folder")
+    return _Plan(workspace=ws, scratch=scratch, extra_ro_binds=tuple(extras),
+                 outer_hidden_dirs=tuple(outer), protected=tuple(protected),
+                 hidden_dirs=tuple(inner), hidden_files=tuple(files))
+
+
+def _abs_path(what: str, path: object) -> str:
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise ValueError(f"{what} must be an absolute path, got {path!r}")
+    if "\0" in path:
+        raise ValueError(f"{what} {path!r} contains a NUL byte, which no path can hold")
+    # normpath is string work only; it makes "/a/b/" and "/a//b" compare equal to "/a/b".
+    # POSIX keeps a leading "//" as is; fold it, bwrap treats it as "/".
+    norm = os.path.normpath(path)
+    return "/" + norm.lstrip("/")
+
+
+def _paths(what: str, paths: Iterable[str]) -> list[str]:
+    """Normalised, duplicates dropped, first occurrence's order kept."""
+    if isinstance(paths, (str, bytes)):
+        raise ValueError(f"{what} must be a list of paths, not one string")
+    seen: dict[str, None] = {}
+    for path in paths:
+        seen.setdefault(_abs_path(f"{what} entry", path), None)
+    return list(seen)
+
+
+def _inside(path: str, folder: str) -> bool:
+    """`path` is `folder` or lies beneath it (normalised absolute paths, no I/O)."""
+    return path == folder or folder == "/" or path.startswith(folder + "/")
