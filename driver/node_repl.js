@@ -1,0 +1,251 @@
+'use strict';
+// toolsd Node REPL driver: runs an agent's code in one persistent vm context.
+//
+// Same framing as driver/python_repl.py (node 20, no npm packages). The host starts
+// `node node_repl.js` with fd 0 = /dev/null, fd 1 = fd 2 = the output pipe, fd 3 = the
+// command pipe. Fd 3 carries the session UUID on its first line, then one JSON-encoded string
+// of source per line; requests are numbered 1, 2, 3, ... After request N every byte the code
+// wrote is in the pipe, then the driver writes
+//   "\x1eTOOLSD-" + uuid + ":" + N + ":" + {"status": "ok"|"error"|"interrupted"} + "\n"
+//
+// Behaviour:
+// - The completion value of the code is shown with util.inspect (undefined is not). A Promise
+//   completion value is awaited and its result shown. Top-level `await` in the source is not
+//   supported (vm.Script has no module-level await; wrap the code in an async function).
+// - An exception: status "error", its stack (driver frames removed) ends the output.
+// - SIGINT (the host's timeout) breaks a running script (breakOnSigint) or abandons an awaited
+//   promise: status "interrupted", context kept. SIGINT while idle is ignored.
+// - process.exit() from user code ends the driver (the host reports "crashed").
+// - Errors thrown later by timers or unhandled rejections are printed, not fatal.
+// - `let`/`const` at top level live in the context's script scope: declaring the same name
+//   again in a later request is a SyntaxError, as in any script; use `var` or assignment.
+
+const fs = require('fs');
+const path = require('path');
+const readline = require('readline');
+const net = require('net');
+const stream = require('stream');
+const util = require('util');
+const vm = require('vm');
+const Module = require('module');
+
+const COMMAND_FD = 3;
+const MARKER_PREFIX = '\x1eTOOLSD-';
+const DRIVER_FILE = __filename;
+
+// --- Output: every write is synchronous, so nothing the code wrote can trail the sentinel.
+// Node writes to a pipe asynchronously (libuv queues what the pipe cannot take) and sets
+// O_NONBLOCK on it, which every child then inherits. So process.stdout/stderr are replaced
+// before anything touches them, by streams that call fs.writeSync on the blocking fd.
+
+const pause = new Int32Array(new SharedArrayBuffer(4));
+
+function writeAllSync(fd, data) {
+  const buf = typeof data === 'string'
+    ? Buffer.from(data, 'utf8')
+    : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+  let done = 0;
+  while (done < buf.length) {
+    try {
+      done += fs.writeSync(fd, buf, done, buf.length - done);
+    } catch (err) {
+      // Another process (a node child with inherited stdio) may have made the shared pipe
+      // non-blocking: wait a moment for the reader instead of losing output.
+      if (err.code !== 'EAGAIN') throw err;
+      Atomics.wait(pause, 0, 0, 1);
+    }
+  }
+}
+
+function makeOutput(fd) {
+  const out = new stream.Writable({
+    decodeStrings: false,
+    write(chunk, encoding, callback) {
+      try {
+        writeAllSync(fd, typeof chunk === 'string' ? Buffer.from(chunk, encoding) : chunk);
+        callback();
+      } catch (err) {
+        callback(err);
+      }
+    },
+  });
+  out.fd = fd;
+  out.isTTY = false;
+  // Output errors (the host went away) must not become uncaught exceptions here.
+  out.on('error', () => {});
+  return out;
+}
+
+const stdout = makeOutput(1);
+const stderr = makeOutput(2);
+for (const [name, value] of [['stdout', stdout], ['stderr', stderr]]) {
+  Object.defineProperty(process, name, {
+    value, configurable: true, enumerable: true, writable: true,
+  });
+}
+// As in node's own REPL: no script path in argv (nor the session UUID, which only fd 3 carries).
+process.argv.splice(1);
+const userConsole = new console.Console({ stdout, stderr });
+// Modules the user requires log through the main realm's console: same streams.
+for (const key of Object.keys(console)) {
+  if (typeof userConsole[key] === 'function') console[key] = userConsole[key].bind(userConsole);
+}
+
+// --- The user's context.
+
+function makeContext() {
+  const sandbox = {
+    console: userConsole,
+    process,
+    require: Module.createRequire(path.join(process.cwd(), '<repl>')),
+    module: undefined,
+    exports: undefined,
+    Buffer,
+    URL,
+    URLSearchParams,
+    TextEncoder,
+    TextDecoder,
+    AbortController,
+    AbortSignal,
+    EventTarget,
+    Event,
+    atob,
+    btoa,
+    fetch: globalThis.fetch,
+    structuredClone,
+    queueMicrotask,
+    setTimeout,
+    clearTimeout,
+    setInterval,
+    clearInterval,
+    setImmediate,
+    clearImmediate,
+    performance,
+  };
+  sandbox.module = { exports: {}, require: sandbox.require };
+  sandbox.exports = sandbox.module.exports;
+  const context = vm.createContext(sandbox, { name: 'toolsd repl' });
+  vm.runInContext('globalThis.global = globalThis;', context);
+  return context;
+}
+
+// --- Errors.
+
+function isInterrupt(err) {
+  return err !== null && typeof err === 'object' && err.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED';
+}
+
+function formatError(err) {
+  if (err === null || typeof err !== 'object' || typeof err.stack !== 'string') {
+    return 'Uncaught ' + util.inspect(err) + '\n';
+  }
+  // Frames of the driver and of vm come after the user's: cut from the first of them.
+  const lines = err.stack.split('\n');
+  const isDriverFrame = (line) => /^\s+at /.test(line)
+    && (line.includes(DRIVER_FILE) || /node:(internal\/)?vm/.test(line));
+  const cut = lines.findIndex(isDriverFrame);
+  const kept = cut < 0 ? lines : lines.slice(0, cut);
+  return kept.join('\n') + '\n';
+}
+
+function report(text) {
+  writeAllSync(2, text);
+}
+
+// --- Interrupts. While a script runs, breakOnSigint turns SIGINT into an exception. While
+// the driver awaits a promise, this listener abandons the await. While idle it does nothing:
+// having a listener at all is what keeps the default SIGINT action (exit) away.
+
+let abandonAwait = null;
+process.on('SIGINT', () => {
+  if (abandonAwait) abandonAwait();
+});
+
+process.on('uncaughtException', (err) => {
+  report('Uncaught exception (from a callback): ' + formatError(err));
+});
+process.on('unhandledRejection', (reason) => {
+  report('Unhandled promise rejection: ' + formatError(reason));
+});
+
+const INTERRUPTED = Symbol('interrupted');
+
+function awaitOrInterrupt(promise) {
+  return new Promise((resolve, reject) => {
+    abandonAwait = () => resolve(INTERRUPTED);
+    promise.then(resolve, reject);
+  }).finally(() => {
+    abandonAwait = null;
+  });
+}
+
+// Let callbacks the code queued without delay (nextTick, resolved promises, immediates) print
+// before the sentinel.
+function settle() {
+  return new Promise((resolve) => setImmediate(resolve));
+}
+
+async function runRequest(context, seq, source) {
+  let value;
+  try {
+    const script = new vm.Script(source, { filename: `<repl-${seq}>`, displayErrors: true });
+    value = script.runInContext(context, { breakOnSigint: true, displayErrors: false });
+    if (util.types.isPromise(value)) {
+      value = await awaitOrInterrupt(value);
+      if (value === INTERRUPTED) {
+        await settle();
+        report('Interrupted while awaiting a promise (it may still be running).\n');
+        return 'interrupted';
+      }
+    }
+    context._ = value;
+    await settle();
+    // Inside the try: a custom inspect or a Proxy may throw.
+    if (value !== undefined) writeAllSync(1, util.inspect(value) + '\n');
+    return 'ok';
+  } catch (err) {
+    await settle();
+    if (isInterrupt(err)) {
+      report('Interrupted: script execution was stopped (SIGINT).\n');
+      return 'interrupted';
+    }
+    report(formatError(err));
+    return 'error';
+  }
+}
+
+async function main() {
+  // libuv opens the fd as a pipe handle and marks it close-on-exec, so children of user code
+  // never inherit the command pipe (node has no fcntl to do it by hand).
+  const input = new net.Socket({ fd: COMMAND_FD, readable: true, writable: false });
+  const lines = readline.createInterface({ input, crlfDelay: Infinity });
+  let head = null;
+  let context = null;
+  let seq = 0;
+  for await (const line of lines) {
+    if (head === null) {
+      head = MARKER_PREFIX + line.trim() + ':';
+      context = makeContext();
+      continue;
+    }
+    seq += 1;
+    let source;
+    try {
+      source = JSON.parse(line);
+      if (typeof source !== 'string') throw new Error('not a string');
+    } catch (err) {
+      report(`toolsd driver: request ${seq} is not a JSON string (${err.message}).\n`);
+      writeAllSync(1, head + seq + ':' + JSON.stringify({ status: 'error' }) + '\n');
+      continue;
+    }
+    const status = await runRequest(context, seq, source);
+    writeAllSync(1, head + seq + ':' + JSON.stringify({ status }) + '\n');
+  }
+  // End of the command pipe: timers or servers the user left must not keep the driver alive.
+  process.exit(0);
+}
+
+main().catch((err) => {
+  report('toolsd driver failed: ' + formatError(err));
+  process.exit(70);
+});

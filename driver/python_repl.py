@@ -1,0 +1,349 @@
+"""toolsd Python REPL driver: runs an agent's code in one persistent namespace.
+
+Runs inside the sandbox on the session's own python3, standard library only (the user's
+site-packages must stay importable, so no -I). The host starts it with:
+
+    fd 0 = /dev/null, fd 1 = fd 2 = the output pipe, fd 3 = the command pipe (host writes)
+
+Fd 3 carries the session UUID on its first line, then one JSON-encoded string of source per
+line. Requests are numbered 1, 2, 3, ... in the order received. After request N the driver
+flushes every output buffer and writes to the output pipe
+
+    b"\\x1eTOOLSD-" + uuid + b":" + N + b":" + {"status": "ok"|"error"|"interrupted"} + b"\\n"
+
+with no newline added before it. The host reads output up to that sentinel (toolsd/sentinel.py).
+
+Behaviour the host relies on:
+- The last expression statement is displayed as at an interactive prompt (sys.displayhook,
+  `_` set); print output and the displayed value keep their order.
+- An exception gives status "error" and a traceback of user frames (source lines included)
+  at the end of the output; the namespace is kept.
+- SIGINT (the host's timeout) interrupts the running code with KeyboardInterrupt: status
+  "interrupted", namespace kept. SIGINT while idle is ignored.
+- SystemExit (exit(), sys.exit(2)) does not end the REPL: it is reported as status "error"
+  with a line "SystemExit: 2", and the namespace is kept. A REPL that survives a stray
+  exit() keeps the agent's state; os._exit() still ends the process (the host then reports
+  "crashed").
+- A child forked by user code never runs the driver loop: when it returns into the driver it
+  flushes and exits.
+- End of file on fd 3 ends the driver at once (os._exit: threads the user left running must
+  not keep it alive).
+"""
+
+import ast
+import builtins
+import codecs
+import io
+import json
+import linecache
+import os
+import signal
+import sys
+import traceback
+import types
+
+COMMAND_FD = 3
+MARKER_PREFIX = b"\x1eTOOLSD-"
+_CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect at startup
+_DRIVER_FILE = os.path.abspath(__file__)
+_ERRORS = "toolsd.surrogates"
+
+
+def _encode_surrogates(exc):
+    """Encoding error handler: never let a print crash the driver.
+
+    Lone surrogates in U+DC80..U+DCFF come from bytes decoded with surrogateescape (file
+    names from os.listdir, for instance): they are written back as those original bytes.
+    Anything else unencodable is written as a backslash escape.
+    """
+    if isinstance(exc, UnicodeEncodeError):
+        chunk = exc.object[exc.start : exc.end]
+        if all(0xDC80 <= ord(c) <= 0xDCFF for c in chunk):
+            return bytes(ord(c) - 0xDC00 for c in chunk), exc.end
+        return codecs.backslashreplace_errors(exc)
+    raise exc
+
+
+class _FdWriter(io.RawIOBase):
+    """Unbuffered writer to one fd that always writes everything it is given.
+
+    Raw FileIO (what python -u uses) drops the rest of a write that a signal cut short; this
+    loops instead. No buffer means print output, os.write(1, ...) and subprocess output land
+    in the pipe in the order they were produced.
+    """
+
+    def __init__(self, fd):
+        super().__init__()
+        self._fd = fd
+
+    def fileno(self):
+        return self._fd
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        total = len(view)
+        done = 0
+        while done < total:
+            done += os.write(self._fd, view[done:])
+        return total
+
+
+def _open_text_stream(fd):
+    return io.TextIOWrapper(
+        _FdWriter(fd), encoding="utf-8", errors=_ERRORS, write_through=True, line_buffering=False
+    )
+
+
+class _Interrupts:
+    """Turns the host's SIGINT into KeyboardInterrupt only while user code runs.
+
+    Why a handler with an `armed` flag rather than blocking SIGINT with pthread_sigmask while
+    idle: a mask covers only the driver's thread; threads started by user code keep SIGINT
+    unblocked, so the kernel would deliver it to them and Python would still run the handler
+    in the main thread, in the middle of the driver loop. A flag checked by the handler works
+    whichever thread catches the signal. While disarmed the handler just returns, and the
+    interrupted system call (reading fd 3, writing a sentinel) is retried by Python (PEP 475).
+
+    The one window left: a SIGINT whose handler runs after the user's code returned but
+    before the driver disarms. It raises inside the same try block, so it ends the same
+    request as "interrupted" (the host did ask to interrupt that request) and never leaks
+    into the next one.
+
+    User code may install its own SIGINT handler; it stays in force while user code runs (the
+    driver's handler calls it), and the driver takes SIGINT back when the request ends.
+    """
+
+    def __init__(self):
+        self.armed = False
+        self.user_handler = None
+
+    def handle(self, signum, frame):
+        if not self.armed:
+            return
+        user = self.user_handler
+        if user is signal.SIG_IGN:
+            return
+        if callable(user):
+            return user(signum, frame)
+        raise KeyboardInterrupt
+
+    def install(self):
+        signal.signal(signal.SIGINT, self.handle)
+
+    def reclaim(self):
+        current = signal.getsignal(signal.SIGINT)
+        if current != self.handle:
+            self.user_handler = None if current is signal.default_int_handler else current
+            signal.signal(signal.SIGINT, self.handle)
+
+
+class _Driver:
+    def __init__(self, uuid, out_fd):
+        self._sentinel_head = MARKER_PREFIX + uuid + b":"
+        # A private copy of fd 1: user code that closes or redirects fd 1 cannot lose the
+        # sentinel (and with it every later answer).
+        self._out_fd = out_fd
+        self._pid = os.getpid()
+        self._interrupts = _Interrupts()
+        self._loop = None  # asyncio loop for top-level await, made on first use
+        self._libc_fflush = _find_fflush()
+        self.namespace = {}
+
+    def setup(self):
+        codecs.register_error(_ERRORS, _encode_surrogates)
+        sys.stdout = sys.__stdout__ = _open_text_stream(1)
+        sys.stderr = sys.__stderr__ = _open_text_stream(2)
+        # The user's namespace is a real __main__ module, so pickle and multiprocessing find
+        # classes defined in it; the driver's own globals stay in the original module.
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = main
+        self.namespace = main.__dict__
+        sys.argv = [""]
+        # As at an interactive prompt: the current folder first, not the driver's folder
+        # (which holds launcher.py and would shadow a user's module of that name).
+        if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(_DRIVER_FILE):
+            sys.path[0] = ""
+        self._interrupts.install()
+        os.register_at_fork(after_in_child=_forget_command_pipe)
+
+    def run(self, seq, source):
+        """Run one request; returns its status."""
+        filename = f"<repl-{seq}>"
+        lines = source.splitlines(keepends=True)
+        # mtime None: linecache.checkcache never drops it, so tracebacks show the source.
+        linecache.cache[filename] = (len(source), None, lines, filename)
+        interrupts = self._interrupts
+        status = "ok"
+        try:
+            try:
+                codes = _compile(source, filename)
+                interrupts.armed = True
+                for code in codes:
+                    self._run_code(code)
+            finally:
+                interrupts.armed = False
+        except KeyboardInterrupt as exc:
+            status = "interrupted"
+            self._leave_if_forked(1)
+            self._report(exc)
+        except SystemExit as exc:
+            status = "error"
+            self._leave_if_forked(_exit_code(exc.code))
+            self._report(exc)
+        except BaseException as exc:
+            status = "error"
+            self._report(exc)  # a forked child reports its error as `python -c` would
+            self._leave_if_forked(1)
+        self._leave_if_forked(0)
+        interrupts.reclaim()
+        self._restore_stdin()
+        self._flush()
+        return status
+
+    def _run_code(self, code):
+        result = eval(code, self.namespace)
+        if code.co_flags & _CO_COROUTINE:
+            if self._loop is None:
+                import asyncio
+
+                self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(result)
+
+    def _leave_if_forked(self, code):
+        """A child forked by user code must never read commands or write sentinels."""
+        if os.getpid() != self._pid:
+            self._flush()
+            os._exit(code)
+
+    def _report(self, exc):
+        text = "".join(_format_user_exception(exc))
+        stream = sys.stderr
+        try:
+            stream.write(text)
+            stream.flush()
+        except Exception:
+            sys.__stderr__.write(text)
+
+    def _restore_stdin(self):
+        # exit() closes sys.stdin before raising SystemExit; input() must keep seeing EOF.
+        if sys.stdin is None or sys.stdin.closed:
+            sys.stdin = sys.__stdin__ = open(0, closefd=False, encoding="utf-8", errors=_ERRORS)
+
+    def _flush(self):
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        if self._libc_fflush is not None:
+            self._libc_fflush(None)  # printf output of C extensions
+
+    def write_sentinel(self, seq, status):
+        line = self._sentinel_head + b"%d:%s\n" % (seq, json.dumps({"status": status}).encode())
+        _FdWriter(self._out_fd).write(line)
+
+
+def _compile(source, filename):
+    """Code objects for one request: the body, then a last expression in "single" mode."""
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    tree = compile(source, filename, "exec", ast.PyCF_ONLY_AST | flags, dont_inherit=True)
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
+        return [compile(tree, filename, "exec", flags, dont_inherit=True)]
+    body = ast.Module(body=tree.body[:-1], type_ignores=[])
+    last = ast.Interactive(body=tree.body[-1:])
+    return [
+        compile(body, filename, "exec", flags, dont_inherit=True),
+        compile(last, filename, "single", flags, dont_inherit=True),
+    ]
+
+
+def _format_user_exception(exc):
+    """The traceback without the driver's frames (nor asyncio's, ahead of the user's)."""
+    te = traceback.TracebackException.from_exception(exc)
+    seen = set()
+    pending = [te]
+    while pending:
+        item = pending.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        frames = [f for f in item.stack if f.filename != _DRIVER_FILE]
+        first_user = next(
+            (i for i, f in enumerate(frames) if f.filename.startswith("<repl-")), 0
+        )
+        item.stack = traceback.StackSummary.from_list(frames[first_user:])
+        pending += [item.__cause__, item.__context__, *(item.exceptions or ())]
+    return te.format()
+
+
+def _exit_code(code):
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def _forget_command_pipe():
+    # A forked child keeps no way to read the host's commands: fd 3 becomes /dev/null (not
+    # closed, so a file the child opens later cannot land on fd 3 by chance).
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, COMMAND_FD, inheritable=False)
+        os.close(null)
+    except OSError:
+        pass
+
+
+def _find_fflush():
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None).fflush
+    except Exception:
+        return None
+
+
+def _read_lines(fd):
+    """Lines from the command pipe; a partial last line at EOF is dropped (host went away)."""
+    reader = open(fd, "rb", closefd=False)
+    while True:
+        line = reader.readline()
+        if not line.endswith(b"\n"):
+            return
+        yield line
+
+
+def main():
+    os.set_inheritable(COMMAND_FD, False)
+    out_fd = os.dup(1)  # non-inheritable by default (PEP 446)
+    lines = _read_lines(COMMAND_FD)
+    uuid = next(lines, b"").strip()
+    if not uuid:
+        os._exit(0)
+    driver = _Driver(uuid, out_fd)
+    driver.setup()
+    seq = 0
+    for line in lines:
+        seq += 1
+        try:
+            source = json.loads(line)
+            if not isinstance(source, str):
+                raise ValueError("not a string")
+        except ValueError as exc:
+            sys.stderr.write(f"toolsd driver: request {seq} is not a JSON string ({exc}).\n")
+            status = "error"
+        else:
+            status = driver.run(seq, source)
+        driver.write_sentinel(seq, status)
+    driver._flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
