@@ -1,0 +1,321 @@
+import io
+import os
+import struct
+import zlib
+
+import psutil
+import pytest
+from PIL import Image, ImageDraw
+
+from toolsd.images import MIN_MAX_BYTES, ImageTooLarge, NotAnImage, fit_image
+
+
+def encode(im: Image.Image, fmt: str, **options) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **options)
+    return buf.getvalue()
+
+
+def decode(data: bytes) -> Image.Image:
+    im = Image.open(io.BytesIO(data))
+    im.load()
+    return im
+
+
+def diagram(size=(300, 200)) -> Image.Image:
+    """A flat picture with few colours, as a screenshot or chart is."""
+    im = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(im)
+    w, h = size
+    draw.rectangle([w // 10, h // 10, w // 2, h // 2], fill=(30, 90, 200))
+    draw.line([(0, h - 1), (w - 1, 0)], fill="black", width=max(1, w // 100))
+    return im
+
+
+def photo(size=(300, 200)) -> Image.Image:
+    """Many colours everywhere, as a photo has: random pixels over smooth gradients."""
+    w, h = size
+    gradient = Image.linear_gradient("L").resize(size)
+    noise = Image.frombytes("L", size, os.urandom(w * h))
+    reverse = gradient.transpose(Image.Transpose.ROTATE_180)
+    return Image.merge("RGB", [gradient, reverse, noise])
+
+
+def assert_aspect_kept(fitted, w, h):
+    # Rounding to whole pixels moves the ratio by at most one pixel's worth.
+    assert abs(fitted.width / fitted.height - w / h) <= 1 / min(fitted.width, fitted.height)
+
+
+# --- kept as they are ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fmt, media_type",
+    [
+        ("PNG", "image/png"),
+        ("JPEG", "image/jpeg"),
+        ("GIF", "image/gif"),
+        ("WEBP", "image/webp"),
+    ],
+)
+def test_small_image_of_a_sendable_format_is_sent_as_is(fmt, media_type):
+    data = encode(diagram(), fmt)
+    fitted = fit_image(data)
+    assert fitted.data == data
+    assert fitted.media_type == media_type
+    assert (fitted.width, fitted.height) == (300, 200)
+    assert not fitted.resized
+    assert (fitted.original_format, fitted.original_bytes) == (fmt, len(data))
+
+
+def animation(size=(60, 40), frames=3) -> bytes:
+    images = [Image.new("RGB", size, colour) for colour in ("red", "green", "blue")[:frames]]
+    return encode(images[0], "GIF", save_all=True, append_images=images[1:], duration=100)
+
+
+def test_animated_gif_that_fits_keeps_every_frame():
+    data = animation()
+    fitted = fit_image(data)
+    assert fitted.data == data and fitted.media_type == "image/gif"
+    assert decode(fitted.data).n_frames == 3
+
+
+def test_animated_gif_too_large_becomes_its_first_frame():
+    fitted = fit_image(animation(size=(600, 400)), max_dim=150)
+    assert fitted.media_type == "image/png"
+    out = decode(fitted.data)
+    assert getattr(out, "n_frames", 1) == 1
+    assert (fitted.width, fitted.height) == (150, 100)
+    assert out.convert("RGB").getpixel((75, 50)) == (255, 0, 0)
+
+
+def test_animation_with_a_damaged_later_frame_is_not_sent_as_is():
+    data = animation()
+    damaged = data[: len(data) - 12]
+    fitted = fit_image(damaged)
+    assert fitted.data != damaged
+    assert fitted.media_type == "image/png"
+    assert decode(fitted.data).convert("RGB").getpixel((0, 0)) == (255, 0, 0)
+
+
+# --- converted ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["BMP", "TIFF"])
+def test_bmp_and_tiff_are_converted_flat_to_png_photo_to_jpeg(fmt):
+    flat = fit_image(encode(diagram(), fmt))
+    assert flat.media_type == "image/png"
+    assert decode(flat.data).format == "PNG"
+    assert (flat.width, flat.height, flat.resized) == (300, 200, False)
+    assert flat.original_format == fmt
+    assert decode(flat.data).convert("RGB").getpixel((100, 50)) == (30, 90, 200)
+
+    shot = fit_image(encode(photo(), fmt))
+    assert shot.media_type == "image/jpeg"
+    assert decode(shot.data).format == "JPEG"
+    assert (shot.width, shot.height) == (300, 200)
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow's, > 89 Mpx
+def test_huge_image_fits_max_dim_and_max_bytes_with_aspect_kept():
+    # A 12000x9000 (108 Mpx) JPEG: over the default 100 Mpx limit, so the caller raises it.
+    im = Image.new("L", (12000, 9000), 255)
+    draw = ImageDraw.Draw(im)
+    for x in range(0, 12000, 500):
+        draw.line([(x, 0), (12000 - x, 9000)], fill=0, width=20)
+    data = encode(im, "JPEG", quality=80)
+    del im
+    with pytest.raises(ImageTooLarge):
+        fit_image(data)
+    fitted = fit_image(data, max_pixels=120_000_000, max_bytes=300_000)
+    assert max(fitted.width, fitted.height) == 1568
+    assert len(fitted.data) <= 300_000
+    assert_aspect_kept(fitted, 12000, 9000)
+    assert fitted.resized
+    assert (fitted.original_width, fitted.original_height) == (12000, 9000)
+    assert decode(fitted.data).size == (fitted.width, fitted.height)
+
+
+def test_large_png_screenshot_is_downscaled_to_png():
+    fitted = fit_image(encode(diagram((4000, 2500)), "PNG"), max_dim=1000)
+    assert fitted.media_type == "image/png"
+    assert (fitted.width, fitted.height) == (1000, 625)
+
+
+def test_photo_shrinks_until_under_max_bytes():
+    data = encode(photo((1500, 1000)), "PNG")
+    fitted = fit_image(data, max_bytes=40_000)
+    assert len(fitted.data) <= 40_000
+    assert fitted.media_type == "image/jpeg"
+    assert fitted.resized and fitted.width < 1500
+    assert_aspect_kept(fitted, 1500, 1000)
+    assert decode(fitted.data).size == (fitted.width, fitted.height)
+
+
+def test_exif_orientation_6_swaps_width_and_height():
+    im = Image.new("RGB", (60, 30), "blue")
+    im.paste((255, 0, 0), (0, 0, 30, 30))  # left half red
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated: show turned 90 degrees clockwise
+    data = encode(im, "JPEG", exif=exif.tobytes(), quality=95)
+    fitted = fit_image(data)
+    assert (fitted.width, fitted.height) == (30, 60)
+    assert (fitted.original_width, fitted.original_height) == (30, 60)
+    assert fitted.data != data
+    shown = decode(fitted.data).convert("RGB")
+    r, g, b = shown.getpixel((15, 10))  # the left edge turned to the top
+    assert r > 200 and b < 60
+    r, g, b = shown.getpixel((15, 50))
+    assert b > 200 and r < 60
+
+
+def test_transparency_gives_png_with_alpha():
+    im = photo((2000, 1000)).convert("RGBA")
+    im.paste((0, 0, 0, 0), (0, 0, 1000, 1000))  # left half transparent
+    fitted = fit_image(encode(im, "PNG"), max_dim=400)
+    assert fitted.media_type == "image/png"
+    out = decode(fitted.data)
+    assert out.mode == "RGBA" and (fitted.width, fitted.height) == (400, 200)
+    assert out.getpixel((50, 100))[3] == 0
+    assert out.getpixel((350, 100))[3] == 255
+
+
+def test_alpha_that_hides_nothing_does_not_force_png():
+    im = photo((2000, 1000)).convert("RGBA")
+    fitted = fit_image(encode(im, "PNG"), max_dim=400)
+    assert fitted.media_type == "image/jpeg"
+
+
+def test_screenshot_too_big_as_png_goes_jpeg_before_losing_pixels():
+    im = diagram((1000, 1000))
+    im.paste(photo((600, 500)), (300, 450))  # a photo inside a page: 30% of the area
+    data = encode(im, "BMP")
+    fitted = fit_image(data, max_bytes=300_000)
+    assert fitted.media_type == "image/jpeg" and len(fitted.data) <= 300_000
+    assert (fitted.width, fitted.height, fitted.resized) == (1000, 1000, False)
+    assert fit_image(data).media_type == "image/png"  # with room, it stays PNG
+
+
+def test_palette_image_with_transparent_index_keeps_its_transparency():
+    im = Image.new("P", (100, 100), 0)
+    im.putpalette([255, 255, 255, 200, 0, 0])
+    im.paste(1, (50, 0, 100, 100))
+    fitted = fit_image(encode(im, "GIF", transparency=0), max_dim=50)
+    out = decode(fitted.data).convert("RGBA")
+    assert fitted.media_type == "image/png"
+    assert out.getpixel((5, 25))[3] == 0
+    assert out.getpixel((45, 25)) == (200, 0, 0, 255)
+
+
+def test_colour_key_transparency_of_an_rgb_png_is_kept():
+    im = diagram((800, 400))
+    fitted = fit_image(encode(im, "PNG", transparency=(255, 255, 255)), max_dim=400)
+    out = decode(fitted.data).convert("RGBA")
+    assert fitted.media_type == "image/png"
+    assert out.getpixel((350, 180))[3] == 0  # the white background is see-through
+    assert out.getpixel((60, 50)) == (30, 90, 200, 255)
+
+
+def test_cmyk_jpeg_is_converted_to_rgb():
+    data = encode(Image.new("CMYK", (80, 60), (0, 255, 255, 0)), "JPEG")
+    fitted = fit_image(data)
+    assert fitted.data != data
+    out = decode(fitted.data)
+    assert out.mode == "RGB"
+    r, g, b = out.getpixel((40, 30))
+    assert r > 200 and g < 60 and b < 60
+
+
+def test_16_bit_greyscale_is_scaled_not_clipped():
+    im = Image.new("I;16", (256, 10))
+    im.putdata([x * 257 for x in range(256)] * 10)
+    fitted = fit_image(encode(im, "TIFF"))
+    out = decode(fitted.data).convert("L")
+    assert abs(out.getpixel((128, 5)) - 128) <= 4
+    assert out.getpixel((0, 5)) <= 4 and out.getpixel((255, 5)) >= 250
+
+
+# --- refused ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"hello, this is a text file\n" * 20,
+        # A C header in X bitmap form: Pillow would decode it, we take only real formats.
+        b"#define icon_width 8\n#define icon_height 2\n"
+        b"static char icon_bits[] = {\n0xff, 0x00};\n",
+        b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n",  # EPS would run Ghostscript
+        os.urandom(4096),
+    ],
+    ids=["empty", "text", "xbm-header", "eps", "random"],
+)
+def test_non_images_are_refused(data):
+    with pytest.raises(NotAnImage):
+        fit_image(data)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF"])
+def test_truncated_image_is_refused(fmt):
+    data = encode(photo(), fmt)
+    with pytest.raises(NotAnImage, match="truncated"):
+        fit_image(data[: len(data) // 2])
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A real 1x1 PNG whose IHDR (CRC fixed) claims another size: cheap to make, huge to
+    decode if anyone believed it."""
+    data = bytearray(encode(Image.new("RGB", (1, 1)), "PNG"))
+    ihdr = bytearray(data[12:29])  # chunk type + 13 bytes of fields
+    ihdr[4:12] = struct.pack(">II", width, height)
+    data[12:29] = ihdr
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(ihdr)))
+    return bytes(data)
+
+
+def gif_bomb() -> bytes:
+    screen = struct.pack("<HHBBB", 65535, 65535, 0x80, 0, 0) + b"\x00\x00\x00\xff\xff\xff"
+    frame = b"," + struct.pack("<HHHHB", 0, 0, 65535, 65535, 0) + b"\x02\x02\x4c\x01\x00"
+    return b"GIF89a" + screen + frame + b";"
+
+
+@pytest.mark.parametrize(
+    "data", [png_declaring(100_000, 100_000), gif_bomb()], ids=["png", "gif"]
+)
+def test_decompression_bomb_is_refused_with_memory_flat(data):
+    process = psutil.Process()
+    before = process.memory_info().rss
+    with pytest.raises(ImageTooLarge):
+        fit_image(data)
+    # Decoding 10 or 4 Gpx would take gigabytes; the header check takes nothing.
+    assert process.memory_info().rss - before < 50 * 1024 * 1024
+
+
+def test_own_pixel_limit_applies_below_pillows_global_limit():
+    data = encode(diagram((2000, 2000)), "PNG")
+    assert fit_image(data, max_pixels=4_000_000).width == 1568
+    with pytest.raises(ImageTooLarge, match="2000x2000"):
+        fit_image(data, max_pixels=3_999_999)
+
+
+def test_declared_size_is_checked_before_decoding():
+    # Over the limit and truncated: the size check must win, before any pixel is read.
+    with pytest.raises(ImageTooLarge):
+        fit_image(png_declaring(3000, 3000), max_pixels=1_000_000)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"max_dim": 0}, "max_dim"), ({"max_bytes": MIN_MAX_BYTES - 1}, "max_bytes"),
+     ({"max_pixels": 0}, "max_pixels")],
+)  # fmt: skip
+def test_impossible_budgets_are_refused(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        fit_image(encode(diagram(), "PNG"), **kwargs)
+
+
+def test_smallest_budget_still_fits_a_photo():
+    fitted = fit_image(encode(photo((800, 600)), "PNG"), max_bytes=MIN_MAX_BYTES, max_dim=1)
+    assert len(fitted.data) <= MIN_MAX_BYTES
+    assert (fitted.width, fitted.height) == (1, 1)
