@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""toolsd's speed, each figure printed next to its anchor measured in the same run.
+
+Run: .venv/bin/python scripts/bench.py [section ...]   (sections: see SECTIONS below)
+Timings live here, never in tests: machines are noisy, so every figure comes with a ratio to
+something measured on the same machine a moment earlier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import msgspec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from toolsd.client import Client  # noqa: E402
+
+
+def stats(samples: list[float]) -> tuple[float, float]:
+    samples = sorted(samples)
+    return statistics.median(samples), samples[int(len(samples) * 0.9)]
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:8.1f} us"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:8.2f} ms"
+
+
+def report(name: str, value: str, *, anchor: str = "", ratio: float | None = None,
+           target: str = "") -> None:
+    line = f"{name:<52} {value}"
+    if anchor:
+        line += f"   anchor {anchor}"
+    if ratio is not None:
+        line += f"   ratio {ratio:6.2f}"
+    if target:
+        line += f"   [{target}]"
+    print(line, flush=True)
+
+
+def timed(fn, n: int, warmup: int = 20) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+@contextlib.contextmanager
+def running_daemon(*extra: str):
+    root = tempfile.mkdtemp(prefix="toolsd-bench-", dir="/tmp")
+    sock = os.path.join(root, "toolsd.sock")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolsd", "serve", "--socket", sock,
+         "--state-dir", os.path.join(root, "state"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
+    line = proc.stdout.readline().decode()
+    if "listening" not in line:
+        raise SystemExit(f"toolsd did not start: {line!r}")
+    try:
+        yield sock, root, proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ hello
+
+ECHO_SERVER = r"""
+import os, struct, sys, trio, msgspec
+path = sys.argv[1]
+enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
+async def handle(stream):
+    buf = b""
+    while True:
+        data = await stream.receive_some(65536)
+        if not data:
+            return
+        buf += data
+        while len(buf) >= 4:
+            (n,) = struct.unpack_from(">I", buf)
+            if len(buf) < 4 + n:
+                break
+            req = dec.decode(buf[4:4 + n]); buf = buf[4 + n:]
+            body = enc.encode({"id": req["id"], "result": {"protocol": 1}})
+            await stream.send_all(struct.pack(">I", len(body)) + body)
+async def main():
+    sock = trio.socket.socket(trio.socket.AF_UNIX)
+    await sock.bind(path); sock.listen(16)
+    print("ready", flush=True)
+    await trio.serve_listeners(handle, [trio.SocketListener(sock)])
+trio.run(main)
+"""
+
+
+def bench_hello() -> None:
+    n = 5000
+    with running_daemon() as (sock, root, _proc):
+        with Client(sock) as c:
+            median, p90 = stats(timed(c.hello, n, warmup=200))
+        echo_path = os.path.join(root, "echo.sock")
+        echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, echo_path],
+                                stdout=subprocess.PIPE)
+        echo.stdout.readline()
+        try:
+            with Client(echo_path) as e:
+                e_median, e_p90 = stats(timed(e.hello, n, warmup=200))
+        finally:
+            echo.kill()
+            echo.wait()
+    report("hello round trip, median", us(median), anchor=f"trio echo {us(e_median)}",
+           ratio=median / e_median, target="< 60 us")
+    report("hello round trip, p90", us(p90), anchor=f"trio echo {us(e_p90)}",
+           ratio=p90 / e_p90)
+
+
+SECTIONS = {
+    "hello": bench_hello,
+}
+
+
+def main(argv: list[str]) -> None:
+    names = argv or list(SECTIONS)
+    for name in names:
+        if name not in SECTIONS:
+            raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
+    print(f"toolsd bench on {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    for name in names:
+        SECTIONS[name]()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,113 @@
+"""A real daemon on a temporary socket, with its own HOME and state folder, for each test that
+asks for one; at the end it is stopped with SIGTERM and nothing it started may be left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import psutil
+import pytest
+
+from toolsd.client import AsyncClient, Client
+
+HAVE_BWRAP = shutil.which("bwrap") is not None
+needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")
+
+
+class RunningDaemon:
+    def __init__(self, root: str, extra_args: tuple[str, ...] = (), env: dict | None = None):
+        self.root = root
+        self.socket = os.path.join(root, "run", "toolsd.sock")
+        self.state_dir = os.path.join(root, "state")
+        self.home = os.path.join(root, "home")
+        self.workspace = os.path.join(root, "ws")
+        os.makedirs(os.path.join(self.home, ".ssh"), exist_ok=True)
+        with open(os.path.join(self.home, ".ssh", "id_rsa"), "w") as f:
+            f.write("SECRET-KEY\n")
+        os.makedirs(self.workspace, exist_ok=True)
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("TOOLSD_SOCKET", "XDG_RUNTIME_DIR")}
+        self.env["HOME"] = self.home
+        self.env.update(env or {})
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen | None = None
+        self.log_path = os.path.join(root, "daemon.log")
+
+    def start(self) -> RunningDaemon:
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "toolsd", "serve", "--socket", self.socket,
+             "--state-dir", self.state_dir, *self.extra_args],
+            stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, env=self.env)
+        # The daemon prints its first line once the socket accepts: wait on that, not a sleep.
+        line = self.proc.stdout.readline().decode()
+        if "listening on" not in line:
+            self.proc.wait(timeout=30)
+            raise RuntimeError(f"toolsd did not start: {line!r}\n{self.read_log()}")
+        return self
+
+    def read_log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def client(self) -> Client:
+        return Client(self.socket)
+
+    async def async_client(self) -> AsyncClient:
+        return await AsyncClient.connect(self.socket)
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        left = self.tree()
+        self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=60)
+        finally:
+            self.proc.stdout.close()
+            self.log.close()
+        gone, alive = psutil.wait_procs(left, timeout=10)
+        assert not alive, f"toolsd left processes behind: {alive}"
+        return code
+
+
+def short_tempdir() -> str:
+    # AF_UNIX paths are limited to 107 bytes: pytest's tmp_path can be longer than that.
+    return tempfile.mkdtemp(prefix="toolsd-t-", dir="/tmp")
+
+
+@pytest.fixture
+def daemon_root():
+    root = short_tempdir()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(daemon_root):
+    d = RunningDaemon(daemon_root).start()
+    yield d
+    assert d.stop() == 0, d.read_log()
+
+
+@pytest.fixture
+def client(daemon):
+    with daemon.client() as c:
+        yield c
+
+
+@pytest.fixture
+def session(daemon, client):
+    """An open sandboxed session on the daemon's workspace."""
+    return client.session_open(daemon.workspace)["session"]

@@ -1,0 +1,61 @@
+"""Starting, refusing to double-start, replacing a stale socket, and stopping cleanly."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import RunningDaemon
+from toolsd.client import Client, ConnectionLost
+
+
+def test_sigterm_removes_the_socket_and_exits_0(daemon_root):
+    d = RunningDaemon(daemon_root).start()
+    with d.client() as c:
+        assert c.hello()["protocol"] == 1
+    assert d.stop() == 0
+    assert not os.path.exists(d.socket)
+
+
+def test_second_daemon_on_the_same_socket_refuses(daemon):
+    second = subprocess.run(
+        [sys.executable, "-m", "toolsd", "serve", "--socket", daemon.socket],
+        capture_output=True, text=True, timeout=60, env=daemon.env)
+    assert second.returncode != 0
+    assert "already serving" in second.stderr
+    with daemon.client() as c:  # the first one is untouched
+        assert c.hello()["protocol"] == 1
+
+
+def test_stale_socket_file_is_replaced(daemon_root):
+    d = RunningDaemon(daemon_root)
+    os.makedirs(os.path.dirname(d.socket), mode=0o700)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(d.socket)  # a socket file nobody listens on, as a killed daemon leaves
+    stale.close()
+    d.start()
+    try:
+        with d.client() as c:
+            assert c.hello()["protocol"] == 1
+    finally:
+        assert d.stop() == 0
+
+
+def test_client_without_daemon_says_how_to_start_one(daemon_root):
+    with pytest.raises(ConnectionLost) as e:
+        Client(os.path.join(daemon_root, "nothing.sock"))
+    assert "toolsd serve" in e.value.message
+
+
+def test_status_command_shows_sandbox_and_sessions(daemon, client):
+    client.session_open(daemon.workspace)
+    out = subprocess.run([sys.executable, "-m", "toolsd", "status", "--socket", daemon.socket],
+                         capture_output=True, text=True, timeout=60, env=daemon.env)
+    assert out.returncode == 0, out.stderr
+    assert "sandbox:" in out.stdout
+    assert "sessions: 1" in out.stdout
+    assert daemon.workspace in out.stdout

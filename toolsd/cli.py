@@ -1,0 +1,161 @@
+"""The `toolsd` command: run the daemon, and talk to it as a person would."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .client import Client, ToolsdError
+from .paths import default_state_dir, resolve_socket_path
+from .protocol import DEFAULT_MAX_FRAME
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args) or 0
+    except ToolsdError as e:
+        print(f"toolsd: {e.code}: {e.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--socket", default=argparse.SUPPRESS,
+                        help="daemon socket (default: $TOOLSD_SOCKET, "
+                             "$XDG_RUNTIME_DIR/toolsd/toolsd.sock, /tmp/toolsd-$UID/toolsd.sock)")
+    parser = argparse.ArgumentParser(prog="toolsd", parents=[common],
+                                     description="Sandboxed tool execution for AI agents.")
+    sub = parser.add_subparsers(metavar="COMMAND")
+
+    p = sub.add_parser("serve", parents=[common], help="run the daemon in the foreground")
+    p.add_argument("--state-dir", help="what survives restarts (default: beside the socket)")
+    p.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME)
+    p.add_argument("--require-sandbox", action="store_true",
+                   help="refuse to start when bubblewrap cannot sandbox sessions")
+    p.add_argument("--hide", action="append", default=[], metavar="PATH",
+                   help="another path sessions must not see (repeatable)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("status", parents=[common], help="is the daemon up; what it has open")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("doctor", parents=[common],
+                       help="can sessions be sandboxed here, and if not, why")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("exec", parents=[common],
+                       help="run one command in a fresh session and print its output")
+    p.add_argument("--workspace", default=os.getcwd())
+    p.add_argument("--network", choices=["none", "host"], default="none")
+    p.add_argument("--read-only", action="store_true")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_exec)
+
+    for extra in _extra_commands:
+        extra(sub, common)
+    return parser
+
+
+# Commands of other modules register here (cli_processes etc.), keeping this file small.
+_extra_commands: list = []
+
+
+def socket_of(args) -> str:
+    return resolve_socket_path(getattr(args, "socket", None))
+
+
+def connect(args) -> Client:
+    return Client(socket_of(args))
+
+
+def cmd_serve(args) -> int:
+    from . import daemon
+    from .sandbox import Limits
+    from .supervisor import Config
+
+    daemon.setup_logging(args.verbose)
+    path = socket_of(args)
+    config = Config(
+        socket_path=path,
+        state_dir=os.path.abspath(args.state_dir) if args.state_dir else default_state_dir(path),
+        max_frame=args.max_frame,
+        require_sandbox=args.require_sandbox,
+        hidden=tuple(os.path.abspath(h) for h in args.hide),
+        limits=Limits(),
+    )
+    try:
+        daemon.run(config)
+    except daemon.StartupError as e:
+        print(f"toolsd: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_status(args) -> int:
+    with connect(args) as c:
+        hello = c.hello("toolsd-cli")
+        sessions = c.session_list()["sessions"]
+    if args.json:
+        print(json.dumps({"hello": hello, "sessions": sessions}, indent=2))
+        return 0
+    print(f"{hello['server']} on {socket_of(args)}")
+    print(f"sandbox: {hello['sandbox']}; shells: {', '.join(hello['shells'])}; "
+          f"languages: {', '.join(hello['languages'])}")
+    print(f"sessions: {len(sessions)}")
+    for s in sessions:
+        mode = "rw" if s["writable"] else "ro"
+        print(f"  {s['session']}  {s['workspace']}  {s['sandbox']}  net={s['network']}  {mode}  "
+              f"processes={s['processes']}  repls={s['repls']}")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .supervisor import probe_bwrap
+
+    bwrap, why_not = probe_bwrap()
+    if bwrap:
+        print(f"sandbox: bwrap ({bwrap}): sessions run in their own user, pid, ipc, uts and "
+              f"network namespaces")
+        return 0
+    print(f"sandbox: none: {why_not}")
+    print("sessions would run UNSANDBOXED; `toolsd serve --require-sandbox` refuses instead")
+    return 1
+
+
+def cmd_exec(args) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("toolsd exec: give a command after --, e.g. toolsd exec -- ls -la", file=sys.stderr)
+        return 2
+    import shlex
+
+    text = command[0] if len(command) == 1 else shlex.join(command)
+    with connect(args) as c:
+        session = c.session_open(os.path.abspath(args.workspace), network=args.network,
+                                 writable=not args.read_only)["session"]
+        try:
+            result = c.shell_run(session, text, timeout_s=args.timeout)
+        finally:
+            c.session_close(session)
+    sys.stdout.write(result["output"])
+    if result["output"] and not result["output"].endswith("\n"):
+        sys.stdout.write("\n")
+    if result["timed_out"]:
+        print(f"toolsd exec: timed out after {args.timeout} s", file=sys.stderr)
+        return 124
+    if result["exit_code"] is None:
+        print(f"toolsd exec: killed by {result['signal']}", file=sys.stderr)
+        return 128 + 9
+    return result["exit_code"]

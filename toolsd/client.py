@@ -1,0 +1,286 @@
+"""Clients of the toolsd daemon: a blocking `Client` and an `AsyncClient` for trio or asyncio.
+
+The logic without I/O (request ids and frames, reading replies, mapping errors to exceptions)
+lives once in `_Protocol`; the two clients only move bytes. Exceptions::
+
+    ToolsdError (code, message)        every error reply, and:
+     └── ConnectionLost                the daemon closed the connection or could not be reached
+
+`call(method, **params)` returns the result map. The named helpers (`shell_run`, ...) are the
+same call with the contract's names; on AsyncClient they are awaited.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import msgspec
+
+from .framing import FrameReader, encode_frame
+from .paths import resolve_socket_path
+from .protocol import DEFAULT_MAX_FRAME, ToolsdError
+
+__all__ = ["Client", "AsyncClient", "ToolsdError", "ConnectionLost"]
+
+
+class ConnectionLost(ToolsdError):
+    def __init__(self, message: str):
+        super().__init__("connection_lost", message)
+
+
+class _Reply(msgspec.Struct):
+    id: int
+    result: Any = None
+    error: dict | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_Reply)
+
+
+class _Protocol:
+    """Frames out, replies in; no I/O."""
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME):
+        self._next_id = 0
+        self.reader = FrameReader(max_frame)
+        self.replies: dict[int, _Reply] = {}
+
+    def request(self, method: str, params: dict) -> tuple[int, bytes]:
+        self._next_id += 1
+        body = _encoder.encode({"id": self._next_id, "method": method, "params": params})
+        return self._next_id, encode_frame(body)
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            raise ConnectionLost("toolsd closed the connection")
+        for frame in self.reader.feed(data):
+            reply = _decoder.decode(frame)
+            if reply.id == 0 and reply.error is not None:
+                # A connection-level refusal (bad_frame, frame_too_large): the daemon closes.
+                raise _to_error(reply.error)
+            self.replies[reply.id] = reply
+
+    def take(self, request_id: int) -> Any:
+        reply = self.replies.pop(request_id)
+        if reply.error is not None:
+            raise _to_error(reply.error)
+        return reply.result
+
+
+def _to_error(error: dict) -> ToolsdError:
+    return ToolsdError(str(error.get("code", "internal")), str(error.get("message", "")))
+
+
+def _params(**params: Any) -> dict:
+    return {k: v for k, v in params.items() if v is not None}
+
+
+class _Methods:
+    """The contract's methods by name; `call` is the shell's (blocking or awaitable)."""
+
+    def call(self, method: str, **params: Any):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def hello(self, client: str = "toolsd-client"):
+        return self.call("hello", client=client)
+
+    def session_open(self, workspace: str, **options: Any):
+        return self.call("session.open", workspace=workspace, **options)
+
+    def session_close(self, session: str):
+        return self.call("session.close", session=session)
+
+    def session_list(self):
+        return self.call("session.list")
+
+    def turn_begin(self, session: str):
+        return self.call("turn.begin", session=session)
+
+    def turn_end(self, session: str, turn: str):
+        return self.call("turn.end", session=session, turn=turn)
+
+    def shell_run(self, session: str, command: str, **options: Any):
+        return self.call("shell.run", session=session, command=command, **options)
+
+    def repl_exec(self, session: str, turn: str, code: str, **options: Any):
+        return self.call("repl.exec", session=session, turn=turn, code=code, **options)
+
+    def process_start(self, session: str, command: str, **options: Any):
+        return self.call("process.start", session=session, command=command, **options)
+
+    def process_output(self, id: str, **options: Any):
+        return self.call("process.output", id=id, **options)
+
+    def process_stop(self, id: str, **options: Any):
+        return self.call("process.stop", id=id, **options)
+
+    def process_list(self, session: str | None = None):
+        return self.call("process.list", **_params(session=session))
+
+    def image_read(self, session: str, path: str, **options: Any):
+        return self.call("image.read", session=session, path=path, **options)
+
+
+class Client(_Methods):
+    """Blocking client; one request at a time (use one Client per thread)."""
+
+    def __init__(self, socket_path: str | None = None, *, timeout: float | None = None):
+        self.socket_path = resolve_socket_path(socket_path)
+        self._proto = _Protocol()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(self.socket_path)
+        except OSError as e:
+            self._sock.close()
+            raise ConnectionLost(f"cannot reach toolsd at {self.socket_path} ({e.strerror}); "
+                                 f"is it running? start it with `toolsd serve`") from None
+
+    def call(self, method: str, **params: Any) -> Any:
+        request_id, frame = self._proto.request(method, params)
+        self._sock.sendall(frame)
+        while request_id not in self._proto.replies:
+            self._proto.feed(self._sock.recv(256 * 1024))
+        return self._proto.take(request_id)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient(_Methods):
+    """Async client for trio or asyncio (whichever runs it, found with sniffio).
+
+    Several tasks may call at once: whoever waits reads, and hands other tasks their replies.
+    Use `await AsyncClient.connect(path)` and `await client.aclose()` (or `async with`).
+    """
+
+    def __init__(self, backend: _Backend, socket_path: str):
+        self.socket_path = socket_path
+        self._io = backend
+        self._proto = _Protocol()
+        self._send_lock = backend.lock()
+        self._read_lock = backend.lock()
+
+    @classmethod
+    async def connect(cls, socket_path: str | None = None) -> AsyncClient:
+        path = resolve_socket_path(socket_path)
+        backend = await _Backend.open(path)
+        return cls(backend, path)
+
+    async def call(self, method: str, **params: Any) -> Any:
+        request_id, frame = self._proto.request(method, params)
+        async with self._send_lock:
+            await self._io.send_all(frame)
+        # Whoever holds the read lock reads one chunk and lets go; the locks are FIFO, so a
+        # task whose reply came in someone else's chunk gets its turn at once and a slow
+        # request never holds up a fast one.
+        while True:
+            async with self._read_lock:
+                if request_id in self._proto.replies:
+                    return self._proto.take(request_id)
+                self._proto.feed(await self._io.receive_some())
+
+    async def aclose(self) -> None:
+        await self._io.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class _Backend:
+    """The few I/O calls AsyncClient needs, for trio or asyncio."""
+
+    @staticmethod
+    async def open(path: str) -> _Backend:
+        import sniffio
+
+        library = sniffio.current_async_library()
+        try:
+            if library == "trio":
+                return await _TrioBackend.open(path)
+            if library == "asyncio":
+                return await _AsyncioBackend.open(path)
+        except OSError as e:
+            raise ConnectionLost(f"cannot reach toolsd at {path} ({e.strerror}); is it "
+                                 f"running? start it with `toolsd serve`") from None
+        raise RuntimeError(f"AsyncClient supports trio and asyncio, not {library}")
+
+
+class _TrioBackend(_Backend):
+    def __init__(self, stream):
+        import trio
+
+        self._trio = trio
+        self.stream = stream
+
+    @classmethod
+    async def open(cls, path: str) -> _TrioBackend:
+        import trio
+
+        return cls(await trio.open_unix_socket(path))
+
+    def lock(self):
+        return self._trio.Lock()
+
+    async def send_all(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (self._trio.BrokenResourceError, self._trio.ClosedResourceError) as e:
+            raise ConnectionLost(f"toolsd closed the connection ({e})") from None
+
+    async def receive_some(self) -> bytes:
+        try:
+            return await self.stream.receive_some(256 * 1024)
+        except (self._trio.BrokenResourceError, self._trio.ClosedResourceError):
+            return b""
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+class _AsyncioBackend(_Backend):
+    def __init__(self, reader, writer):
+        import asyncio
+
+        self._asyncio = asyncio
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, path: str) -> _AsyncioBackend:
+        import asyncio
+
+        return cls(*await asyncio.open_unix_connection(path, limit=2**20))
+
+    def lock(self):
+        return self._asyncio.Lock()
+
+    async def send_all(self, data: bytes) -> None:
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+        except (ConnectionError, OSError) as e:
+            raise ConnectionLost(f"toolsd closed the connection ({e})") from None
+
+    async def receive_some(self) -> bytes:
+        try:
+            return await self.reader.read(256 * 1024)
+        except (ConnectionError, OSError):
+            return b""
+
+    async def aclose(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass

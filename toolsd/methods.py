@@ -1,0 +1,124 @@
+"""One handler per wire method, and the table the server dispatches with.
+
+Each handler takes the Supervisor and the decoded params Struct and returns a result Struct;
+it raises ToolsdError for a reply with an error code. `cancel` is the server's own (it is about
+the connection, not the sessions).
+"""
+
+from __future__ import annotations
+
+from . import images, processes, shell
+from .protocol import (
+    CancelParams,
+    HelloParams,
+    HelloResult,
+    ImageReadParams,
+    ProcessListParams,
+    ProcessOutputParams,
+    ProcessStartParams,
+    ProcessStopParams,
+    ReplExecParams,
+    SessionInfo,
+    SessionListParams,
+    SessionListResult,
+    SessionOpenParams,
+    SessionOpenResult,
+    SessionParams,
+    ShellRunParams,
+    TurnBeginResult,
+    TurnEndParams,
+    TurnEndResult,
+    decode_params,
+)
+
+__all__ = ["METHODS", "CancelParams", "decode"]
+
+
+async def hello(sup, p: HelloParams) -> HelloResult:
+    return HelloResult(
+        protocol=1,
+        server=sup.server_name,
+        sandbox=sup.sandbox_kind,
+        shells=sup.host_shells,
+        languages=sup.host_languages,
+        max_frame=sup.config.max_frame,
+    )
+
+
+async def session_open(sup, p: SessionOpenParams) -> SessionOpenResult:
+    session = await sup.open_session(p)
+    return SessionOpenResult(session=session.id, sandbox=session.sandbox_kind,
+                             workspace=session.workspace)
+
+
+async def session_close(sup, p: SessionParams):
+    return await sup.close_session(p.session)
+
+
+async def session_list(sup, p: SessionListParams) -> SessionListResult:
+    return SessionListResult(sessions=[
+        SessionInfo(session=s.id, workspace=s.workspace, sandbox=s.sandbox_kind,
+                    network=s.network, writable=s.writable,
+                    processes=sum(1 for bg in s.processes.values() if bg.running),
+                    repls=sum(len(t.repls) for t in s.turns.values()), opened_at=s.opened_at)
+        for s in sup.sessions.values() if not s.closed
+    ])
+
+
+async def turn_begin(sup, p: SessionParams) -> TurnBeginResult:
+    return TurnBeginResult(turn=sup.session(p.session).begin_turn())
+
+
+async def turn_end(sup, p: TurnEndParams) -> TurnEndResult:
+    return TurnEndResult(repls_stopped=await sup.session(p.session).end_turn(p.turn))
+
+
+async def shell_run(sup, p: ShellRunParams):
+    return await shell.run(sup.session(p.session), p)
+
+
+async def repl_exec(sup, p: ReplExecParams):
+    from . import repl
+
+    return await repl.execute(sup.session(p.session), p)
+
+
+async def process_start(sup, p: ProcessStartParams):
+    return await processes.start(sup, sup.session(p.session), p)
+
+
+async def process_output(sup, p: ProcessOutputParams):
+    return await processes.output(sup.process(p.id), p)
+
+
+async def process_stop(sup, p: ProcessStopParams):
+    return await processes.stop(sup.process(p.id), p)
+
+
+async def process_list(sup, p: ProcessListParams):
+    return await processes.listing(sup, p)
+
+
+async def image_read(sup, p: ImageReadParams):
+    return await images.read(sup.session(p.session), p)
+
+
+METHODS = {
+    "hello": (HelloParams, hello),
+    "session.open": (SessionOpenParams, session_open),
+    "session.close": (SessionParams, session_close),
+    "session.list": (SessionListParams, session_list),
+    "turn.begin": (SessionParams, turn_begin),
+    "turn.end": (TurnEndParams, turn_end),
+    "shell.run": (ShellRunParams, shell_run),
+    "repl.exec": (ReplExecParams, repl_exec),
+    "process.start": (ProcessStartParams, process_start),
+    "process.output": (ProcessOutputParams, process_output),
+    "process.stop": (ProcessStopParams, process_stop),
+    "process.list": (ProcessListParams, process_list),
+    "image.read": (ImageReadParams, image_read),
+}
+
+
+def decode(params_type, request):
+    return decode_params(params_type, request.params, request.method)

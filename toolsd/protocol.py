@@ -1,0 +1,323 @@
+"""The wire contract (../shared/PROTOCOL.md, version 1) as msgspec Structs.
+
+Every request's params and every result is a Struct here; the decoders are built once at import.
+New fields always get defaults: that is how the protocol grows without breaking clients.
+Unknown extra params are ignored (msgspec's default), as the contract asks.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+
+# Error codes (the complete list of the contract).
+BAD_FRAME = "bad_frame"
+FRAME_TOO_LARGE = "frame_too_large"
+UNKNOWN_METHOD = "unknown_method"
+BAD_PARAMS = "bad_params"
+NOT_FOUND = "not_found"
+SESSION_CLOSED = "session_closed"
+CANCELLED = "cancelled"
+SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+LIMIT_EXCEEDED = "limit_exceeded"
+NOT_AN_IMAGE = "not_an_image"
+IMAGE_TOO_LARGE = "image_too_large"
+IO_ERROR = "io_error"
+INTERNAL = "internal"
+
+
+class ToolsdError(Exception):
+    """An error reply: `code` is one of the contract's codes, `message` says what to do.
+
+    The daemon raises it from handlers; the client raises it for every error reply.
+    """
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+Seconds = Annotated[float, Meta(gt=0)]
+NonNegSeconds = Annotated[float, Meta(ge=0)]
+Chars = Annotated[int, Meta(ge=0)]
+Env = dict[str, str]
+Network = Literal["none", "host"]
+Language = Literal["python", "node"]
+
+
+# ---------------------------------------------------------------- envelopes
+
+
+class Request(Struct):
+    id: Annotated[int, Meta(ge=0)]
+    method: str
+    params: msgspec.Raw = msgspec.Raw(b"\x80")  # an empty map
+
+
+class ErrorBody(Struct):
+    code: str
+    message: str
+
+
+class Reply(Struct, omit_defaults=True):
+    """What the daemon sends: exactly one of result / error is set."""
+
+    id: int
+    result: object = None
+    error: ErrorBody | None = None
+
+
+# ---------------------------------------------------------------- methods
+
+
+class HelloParams(Struct):
+    client: str = ""
+
+
+class HelloResult(Struct):
+    protocol: int
+    server: str
+    sandbox: Literal["bwrap", "none"]
+    shells: list[str]
+    languages: list[str]
+    max_frame: int
+
+
+class Limits(Struct, frozen=True):
+    memory_mb: Annotated[int, Meta(gt=0)] | None = None
+    pids: Annotated[int, Meta(gt=0)] | None = None
+    cpu_s: Annotated[int, Meta(gt=0)] | None = None
+    file_mb: Annotated[int, Meta(gt=0)] | None = None
+
+
+class SessionOpenParams(Struct):
+    workspace: str
+    network: Network = "none"
+    writable: bool = True
+    env: Env = {}
+    limits: Limits = Limits()
+
+
+class SessionOpenResult(Struct):
+    session: str
+    sandbox: Literal["bwrap", "none"]
+    workspace: str
+
+
+class SessionParams(Struct):
+    session: str
+
+
+class SessionCloseResult(Struct):
+    processes_stopped: int
+    repls_stopped: int
+
+
+class SessionListParams(Struct):
+    pass
+
+
+class SessionInfo(Struct):
+    session: str
+    workspace: str
+    sandbox: str
+    network: str
+    writable: bool
+    processes: int
+    repls: int
+    opened_at: float
+
+
+class SessionListResult(Struct):
+    sessions: list[SessionInfo]
+
+
+class TurnBeginResult(Struct):
+    turn: str
+
+
+class TurnEndParams(Struct):
+    session: str
+    turn: str
+
+
+class TurnEndResult(Struct):
+    repls_stopped: int
+
+
+class ShellRunParams(Struct):
+    session: str
+    command: str
+    cwd: str | None = None
+    timeout_s: Seconds = 120.0
+    env: Env = {}
+    max_output_chars: Chars = 30000
+
+
+class ShellRunResult(Struct):
+    exit_code: int | None
+    signal: str | None
+    timed_out: bool
+    output: str
+    output_bytes: int
+    truncated: bool
+    shell: str
+    duration_s: float
+    orphans_ended: int
+
+
+class ReplExecParams(Struct):
+    session: str
+    turn: str
+    code: str
+    language: Language = "python"
+    timeout_s: Seconds = 60.0
+    max_output_chars: Chars = 30000
+
+
+class ReplExecResult(Struct):
+    status: Literal["ok", "error", "timeout", "crashed"]
+    output: str
+    output_bytes: int
+    truncated: bool
+    fresh: bool
+    state_lost: bool
+    duration_s: float
+
+
+class ProcessStartParams(Struct):
+    session: str
+    command: str
+    cwd: str | None = None
+    env: Env = {}
+    name: str = ""
+
+
+class ProcessStartResult(Struct):
+    id: str
+    pid: int
+
+
+class ProcessOutputParams(Struct):
+    id: str
+    since: Annotated[int, Meta(ge=0)] | None = None
+    wait_s: NonNegSeconds = 0.0
+    until: str | None = None
+    max_output_chars: Chars = 30000
+
+
+class ProcessOutputResult(Struct):
+    id: str
+    status: Literal["running", "exited", "stopped"]
+    exit_code: int | None
+    signal: str | None
+    output: str
+    next: int
+    dropped_bytes: int
+    truncated: bool
+
+
+class ProcessStopParams(Struct):
+    id: str
+    grace_s: NonNegSeconds = 2.0
+
+
+class ProcessStopResult(Struct):
+    id: str
+    status: str
+    exit_code: int | None
+    signal: str | None
+    ended: int
+    survivors: int
+
+
+class ProcessListParams(Struct):
+    session: str | None = None
+
+
+class ProcessInfo(Struct):
+    id: str
+    session: str
+    name: str
+    command: str
+    pid: int
+    status: str
+    exit_code: int | None
+    started_at: float
+    ended_at: float | None
+    cpu_percent: float
+    rss_bytes: int
+    descendants: int
+    output_bytes: int
+
+
+class ProcessListResult(Struct):
+    processes: list[ProcessInfo]
+
+
+class ImageReadParams(Struct):
+    session: str
+    path: str
+    max_dim: Annotated[int, Meta(ge=1, le=100_000)] = 1568
+    max_bytes: Annotated[int, Meta(ge=1024)] = 3_750_000
+
+
+class ImageOriginal(Struct):
+    format: str
+    width: int
+    height: int
+    bytes: int
+
+
+class ImageReadResult(Struct):
+    media_type: str
+    width: int
+    height: int
+    data: bytes
+    resized: bool
+    original: ImageOriginal
+
+
+class CancelParams(Struct):
+    request: int
+
+
+class Empty(Struct):
+    pass
+
+
+# ---------------------------------------------------------------- codecs
+
+request_decoder = msgspec.msgpack.Decoder(Request)
+reply_encoder = msgspec.msgpack.Encoder()
+
+_param_decoders: dict[type, msgspec.msgpack.Decoder] = {}
+
+
+def decode_params(cls: type[Struct], raw: msgspec.Raw, method: str) -> Struct:
+    """Decode one request's params, or raise ToolsdError(bad_params) naming the field."""
+    decoder = _param_decoders.get(cls)
+    if decoder is None:
+        decoder = _param_decoders[cls] = msgspec.msgpack.Decoder(cls)
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as e:
+        raise ToolsdError(BAD_PARAMS, f"{method}: {_field_message(e)}") from None
+    except msgspec.DecodeError as e:  # params is not even a map
+        raise ToolsdError(BAD_PARAMS, f"{method}: params must be a map ({e})") from None
+
+
+def _field_message(e: msgspec.ValidationError) -> str:
+    # msgspec says "Expected `str`, got `int` - at `$.command`"; say "params.command" instead
+    # of "$", which is what a caller recognises.
+    return str(e).replace("`$.", "`params.").replace("`$`", "`params`")
+
+
+def encode_reply(reply: Reply) -> bytes:
+    return reply_encoder.encode(reply)

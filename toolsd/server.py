@@ -1,0 +1,219 @@
+"""The socket side of the daemon: listen, check the peer, read frames, run each request in its
+own task, answer through one send lock per connection.
+
+Resource handling: `serve()` owns the listening socket and every connection; a connection owns
+its in-flight request tasks, which are cancelled when it closes (a closing connection never
+ends a session: sessions belong to the Supervisor).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import struct
+from typing import TYPE_CHECKING
+
+import msgspec
+import trio
+
+from . import methods
+from .framing import FrameReader, FrameTooLarge, encode_frame
+from .protocol import (
+    BAD_FRAME,
+    CANCELLED,
+    FRAME_TOO_LARGE,
+    INTERNAL,
+    UNKNOWN_METHOD,
+    ErrorBody,
+    Reply,
+    Request,
+    ToolsdError,
+    encode_reply,
+    request_decoder,
+)
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
+
+log = logging.getLogger("toolsd.server")
+
+# A client that pipelines requests without reading the answers is slowed down, not buffered
+# without bound: past this many requests in flight we stop reading its socket.
+MAX_IN_FLIGHT = 256
+_RECV_SIZE = 256 * 1024
+
+
+class Connection:
+    def __init__(self, stream: trio.SocketStream, supervisor: Supervisor, max_frame: int):
+        self.stream = stream
+        self.supervisor = supervisor
+        self.max_frame = max_frame
+        self.send_lock = trio.Lock()
+        self.in_flight: dict[int, trio.CancelScope] = {}
+        self.slots = trio.Semaphore(MAX_IN_FLIGHT)
+
+    async def send(self, reply: Reply) -> None:
+        try:
+            frame = encode_frame(encode_reply(reply), self.max_frame)
+        except FrameTooLarge as e:
+            reply = Reply(id=reply.id, error=ErrorBody(INTERNAL, f"the reply was too large: {e}"))
+            frame = encode_frame(encode_reply(reply))
+        async with self.send_lock:
+            try:
+                await self.stream.send_all(frame)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the client went away; its requests are being cancelled
+
+    async def refuse(self, code: str, message: str) -> None:
+        """A frame we cannot trust: answer with id 0 and close (PROTOCOL.md)."""
+        log.info("closing a connection: %s: %s", code, message)
+        await self.send(Reply(id=0, error=ErrorBody(code, message)))
+
+    async def serve(self) -> None:
+        reader = FrameReader(self.max_frame)
+        async with trio.open_nursery() as nursery:
+            try:
+                while True:
+                    try:
+                        data = await self.stream.receive_some(_RECV_SIZE)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        break
+                    if not data:
+                        break
+                    try:
+                        frames = reader.feed(data)
+                    except FrameTooLarge as e:
+                        await self.refuse(FRAME_TOO_LARGE, f"{e}; send smaller frames")
+                        break
+                    for body in frames:
+                        try:
+                            request = request_decoder.decode(body)
+                        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                            await self.refuse(
+                                BAD_FRAME,
+                                f"a frame must be a msgpack map with an integer id, a string "
+                                f"method and a params map ({e})",
+                            )
+                            return
+                        await self.slots.acquire()
+                        nursery.start_soon(self.handle, request)
+            finally:
+                # The peer is gone (or broke the framing): its requests die with it.
+                nursery.cancel_scope.cancel()
+
+    async def handle(self, request: Request) -> None:
+        try:
+            if request.method == "cancel":
+                reply = self.cancel(request)
+            else:
+                reply = await self.run(request)
+            await self.send(reply)
+        finally:
+            self.slots.release()
+
+    async def run(self, request: Request) -> Reply:
+        entry = methods.METHODS.get(request.method)
+        if entry is None:
+            return _error(request.id, UNKNOWN_METHOD, f"unknown method {request.method!r}; "
+                          f"known: {', '.join(sorted(methods.METHODS) + ['cancel'])}")
+        params_type, handler = entry
+        scope = trio.CancelScope()
+        if request.id in self.in_flight:
+            return _error(request.id, "bad_params",
+                          f"request id {request.id} is already in flight on this connection")
+        self.in_flight[request.id] = scope
+        try:
+            with scope:
+                params = methods.decode(params_type, request)
+                result = await handler(self.supervisor, params)
+                return Reply(id=request.id, result=result)
+        except ToolsdError as e:
+            return _error(request.id, e.code, e.message)
+        except Exception:
+            log.exception("internal error in %s", request.method)
+            return _error(request.id, INTERNAL,
+                          f"{request.method} failed inside toolsd; the daemon log has the trace")
+        finally:
+            del self.in_flight[request.id]
+        # Only reached when our scope swallowed a cancellation, i.e. a `cancel` request.
+        return _error(request.id, CANCELLED, f"request {request.id} was cancelled")
+
+    def cancel(self, request: Request) -> Reply:
+        try:
+            params = methods.decode(methods.CancelParams, request)
+        except ToolsdError as e:
+            return _error(request.id, e.code, e.message)
+        scope = self.in_flight.get(params.request)
+        if scope is None:
+            return _error(request.id, "not_found",
+                          f"no request {params.request} is in flight on this connection")
+        scope.cancel()
+        return Reply(id=request.id, result={})
+
+
+def _error(id: int, code: str, message: str) -> Reply:
+    return Reply(id=id, error=ErrorBody(code, message))
+
+
+def peer_uid(sock: trio.socket.SocketType) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+class AlreadyServing(Exception):
+    pass
+
+
+def bind_socket(path: str) -> trio.socket.SocketType:
+    """Bind the listening socket at `path`, 0600, replacing a stale file left by a dead daemon
+    and refusing when a live daemon answers there."""
+    if os.path.exists(path) or os.path.islink(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError as e:
+            if e.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
+                raise
+            log.info("replacing a stale socket file at %s", path)
+            os.unlink(path)
+        else:
+            raise AlreadyServing(
+                f"another toolsd is already serving on {path}; stop it first or pass "
+                f"another --socket"
+            )
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old_umask)
+    sock.listen(128)
+    return trio.socket.from_stdlib_socket(sock)
+
+
+async def serve(supervisor: Supervisor, sock: trio.socket.SocketType, max_frame: int,
+                *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Accept connections until cancelled."""
+    listener = trio.SocketListener(sock)
+    my_uid = os.getuid()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            uid = peer_uid(stream.socket)
+        except OSError:
+            uid = -1
+        if uid not in (my_uid, 0):
+            log.warning("refused a connection from uid %s", uid)
+            await trio.aclose_forcefully(stream)
+            return
+        async with stream:
+            await Connection(stream, supervisor, max_frame).serve()
+
+    async with trio.open_nursery() as nursery:
+        task_status.started()
+        await trio.serve_listeners(handle, [listener], handler_nursery=nursery)
