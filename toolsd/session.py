@@ -1,0 +1,232 @@
+"""A session: one sandbox (bwrap + launcher), its turns' REPLs and its background processes.
+
+Resource handling: `run()` is the session's task in the Supervisor's nursery; it owns the
+launcher and every helper task of the session. `close()` stops processes and REPLs, kills the
+sandbox (its pid namespace takes anything left), removes the scratch /tmp, and ends `run()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+
+import trio
+
+from . import sandbox
+from .launcher import Launcher, LauncherError
+from .protocol import BAD_PARAMS, NOT_FOUND, SANDBOX_UNAVAILABLE, SESSION_CLOSED, ToolsdError
+
+log = logging.getLogger("toolsd.session")
+
+DRIVER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "driver")
+LAUNCHER_PY = os.path.join(DRIVER_DIR, "launcher.py")
+
+
+def check_workspace(path: str) -> str:
+    if not os.path.isabs(path):
+        raise ToolsdError(BAD_PARAMS, f"workspace must be an absolute path, got {path!r}")
+    if not os.path.exists(path):
+        raise ToolsdError(BAD_PARAMS, f"workspace {path} does not exist; create the folder first")
+    if not os.path.isdir(path):
+        raise ToolsdError(BAD_PARAMS, f"workspace {path} is not a folder")
+    real = os.path.realpath(path)
+    if real == "/":
+        raise ToolsdError(BAD_PARAMS, "workspace cannot be / (the whole machine); pick a folder")
+    return real
+
+
+class Turn:
+    def __init__(self, turn_id: str):
+        self.id = turn_id
+        self.repls: dict = {}  # language -> Repl
+
+
+class Session:
+    def __init__(self, session_id: str, supervisor, params):
+        self.id = session_id
+        self.supervisor = supervisor
+        self.workspace = check_workspace(params.workspace)
+        self.network = params.network
+        self.writable = params.writable
+        try:
+            self.user_env = sandbox.validate_env(params.env)
+        except ValueError as e:
+            raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
+        defaults = supervisor.config.limits
+        given = {k: getattr(params.limits, k) for k in ("memory_mb", "pids", "cpu_s", "file_mb")}
+        self.limits = sandbox.Limits(**{
+            k: (v if v is not None else getattr(defaults, k)) for k, v in given.items()
+        }, nofile=defaults.nofile)
+        # The launcher names limits as setrlimit's man page does ("as", "nproc").
+        self.rlimits = {name.removeprefix("RLIMIT_").lower(): value
+                        for name, value in self.limits.rlimits().items()}
+        self.sandbox_kind = supervisor.sandbox_kind
+        if self.sandbox_kind == "none" and not self.writable:
+            raise ToolsdError(SANDBOX_UNAVAILABLE, "writable: false needs the sandbox, and this "
+                              "daemon has none (toolsd doctor says why); install bubblewrap")
+        self.opened_at = time.time()
+        self.turns: dict[str, Turn] = {}
+        self.processes: dict = {}  # bgN -> BackgroundProcess
+        self.closed = False
+        self.launcher: Launcher | None = None
+        self.nursery: trio.Nursery | None = None
+        self._close_done = trio.Event()
+        self._stop = trio.Event()
+        self._closing = False
+        self.close_result = None
+        self.scratch = os.path.join(supervisor.state.scratch, session_id)
+        self.env = sandbox.sandbox_env(
+            home=os.path.expanduser("~"),
+            path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            lang=os.environ.get("LANG", "C.UTF-8"),
+            extra=self.user_env,
+        )
+
+    # ------------------------------------------------------------ lifecycle
+
+    def policy(self) -> sandbox.Policy:
+        home = os.path.expanduser("~")
+        dirs, files = sandbox.credential_paths(home)
+        # Resolved: a symlinked ~/.ssh must be covered where it really is.
+        hidden = [os.path.realpath(p) for p in (*self.supervisor.hidden_paths(), *dirs)]
+        files = [os.path.realpath(p) for p in files]
+        protected = [os.path.join(self.workspace, ".git", p) for p in ("hooks", "config")]
+        return sandbox.Policy(
+            workspace=self.workspace,
+            scratch=self.scratch,
+            writable=self.writable,
+            network=self.network,
+            hidden_dirs=tuple(p for p in hidden if os.path.isdir(p)),
+            hidden_files=tuple(p for p in files if os.path.isfile(p)),
+            protected=tuple(p for p in protected if os.path.exists(p)),
+            env=self.env,
+        )
+
+    def wrapper(self) -> list[str]:
+        if self.supervisor.bwrap is None:
+            return []
+        return sandbox.bwrap_argv(self.policy(), bwrap=self.supervisor.bwrap)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The session's task. Reports a start failure through `task_status.started(error)`
+        rather than raising it, so the caller gets one plain ToolsdError."""
+        os.makedirs(self.scratch, mode=0o700, exist_ok=True)
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                try:
+                    self.launcher = await Launcher.start(
+                        nursery, wrapper=self.wrapper(), env=self.env, cwd=self.workspace,
+                        python=sys.executable)
+                except LauncherError as e:
+                    self.closed = True
+                    task_status.started(ToolsdError(
+                        SANDBOX_UNAVAILABLE, f"could not start the session's sandbox: {e}"))
+                    nursery.cancel_scope.cancel()
+                    return
+                if self.supervisor.bwrap is None:
+                    log.warning("session %s runs unsandboxed: %s", self.id,
+                                self.supervisor.why_no_sandbox)
+                task_status.started(None)
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.launcher is not None:
+                    await self.launcher.aclose()
+                await trio.to_thread.run_sync(shutil.rmtree, self.scratch, True)
+
+    async def close(self):
+        """End everything of the session; idempotent (a second caller waits for the first)."""
+        if self._closing:
+            await self._close_done.wait()
+            return self.close_result
+        self._closing = True
+        self.closed = True
+        from .protocol import SessionCloseResult
+
+        with trio.CancelScope(shield=True):
+            repls = 0
+            for turn in list(self.turns.values()):
+                repls += await self._end_turn(turn)
+            stopped = 0
+            async with trio.open_nursery() as n:
+                for proc in list(self.processes.values()):
+                    if proc.running:
+                        stopped += 1
+                        n.start_soon(proc.stop, 0.5)
+            self._stop.set()
+            if self.launcher is not None:
+                await self.launcher.aclose()
+            self.close_result = SessionCloseResult(processes_stopped=stopped, repls_stopped=repls)
+            self._close_done.set()
+        return self.close_result
+
+    def check_open(self) -> None:
+        if self.closed or (self.launcher is not None and not self.launcher.alive):
+            raise ToolsdError(SESSION_CLOSED, f"session {self.id} is closed or its sandbox died; "
+                              f"open a new session")
+
+    # ------------------------------------------------------------ turns
+
+    def begin_turn(self) -> str:
+        self.check_open()
+        turn_id = f"t-{uuid.uuid4().hex[:12]}"
+        self.turns[turn_id] = Turn(turn_id)
+        return turn_id
+
+    def turn(self, turn_id: str) -> Turn:
+        turn = self.turns.get(turn_id)
+        if turn is None:
+            raise ToolsdError(NOT_FOUND, f"no turn {turn_id!r} in session {self.id}; "
+                              f"start one with turn.begin")
+        return turn
+
+    async def end_turn(self, turn_id: str) -> int:
+        turn = self.turn(turn_id)
+        return await self._end_turn(turn)
+
+    async def _end_turn(self, turn: Turn) -> int:
+        self.turns.pop(turn.id, None)
+        count = 0
+        with trio.CancelScope(shield=True):
+            for repl in list(turn.repls.values()):
+                if await repl.aclose():
+                    count += 1
+        return count
+
+    # ------------------------------------------------------------ paths
+
+    def resolve_cwd(self, cwd: str | None) -> str:
+        """A command's folder: inside the workspace (relative paths are taken from it)."""
+        if cwd is None or cwd == "":
+            return self.workspace
+        path = os.path.normpath(os.path.join(self.workspace, cwd))
+        if path != self.workspace and not path.startswith(self.workspace + os.sep):
+            raise ToolsdError(BAD_PARAMS, f"cwd {cwd!r} is outside the workspace "
+                              f"{self.workspace}; give a folder inside it")
+        if not os.path.isdir(path):
+            raise ToolsdError(BAD_PARAMS, f"cwd {cwd!r} is not an existing folder in the "
+                              f"workspace")
+        return path
+
+    def command_env(self, extra: dict[str, str]) -> dict[str, str]:
+        try:
+            extra = sandbox.validate_env(extra)
+        except ValueError as e:
+            raise ToolsdError(BAD_PARAMS, str(e)) from None
+        return {**self.env, **extra}
+
+    @property
+    def shell(self) -> tuple[str, str]:
+        """(name, path) of the shell for shell.run: bash, else sh, as the sandbox has them."""
+        info = self.launcher.info
+        if info.get("bash"):
+            return "bash", info["bash"]
+        if info.get("sh"):
+            return "sh", info["sh"]
+        raise ToolsdError(SANDBOX_UNAVAILABLE, "the sandbox has neither bash nor sh on its PATH")

@@ -1,0 +1,144 @@
+"""shell.run: one command in the session's sandbox, its output bounded, its tree ended.
+
+The call returns when the command's own process exits. Whatever it left running is then ended
+(and counted), so that `server &` neither hangs the call nor leaks a process; on timeout or
+cancel the whole tree is ended and the output so far returned.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as signal_module
+import time
+
+import trio
+
+from . import proctree
+from .launcher import LauncherError
+from .output import HeadTail
+from .protocol import BAD_PARAMS, ShellRunParams, ShellRunResult, ToolsdError
+
+# After the command exits (and its leftovers are ended) we read what is already in the pipe for
+# at most this long: enough to drain a full pipe, short enough that a descriptor smuggled out of
+# the tree cannot hold the call.
+DRAIN_S = 1.0
+# A timed-out or cancelled command gets this long between SIGTERM and SIGKILL.
+KILL_GRACE_S = 0.2
+# How long after the command's exit we wait for its shim to say the tree is empty before we go
+# looking for leftovers ourselves.
+LEFTOVER_CHECK_S = 0.05
+READ_SIZE = 256 * 1024
+
+
+def signal_name(number: int | None) -> str | None:
+    if number is None:
+        return None
+    try:
+        return signal_module.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+async def pump(fd: int, sink, *, stop: trio.Event | None = None) -> None:
+    """Read `fd` into `sink(bytes)` until EOF. Closes the fd."""
+    stream = trio.lowlevel.FdStream(fd)
+    async with stream:
+        while True:
+            try:
+                data = await stream.receive_some(READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            sink(data)
+
+
+def open_devnull() -> int:
+    return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
+
+async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, str],
+                          extra_fds=()):
+    """Spawn `argv` in the session with stdin /dev/null and stdout+stderr one pipe.
+    Returns (job, read_fd); the caller owns read_fd."""
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    devnull = open_devnull()
+    try:
+        job = await session.launcher.spawn(
+            argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd, stderr=write_fd,
+            rlimits=session.rlimits, extra_fds=extra_fds)
+    except LauncherError as e:
+        os.close(read_fd)
+        raise ToolsdError(BAD_PARAMS, f"could not start {argv[0]}: {e}") from None
+    finally:
+        # Our copies of the child's ends: the child has the only ones now, so its exit
+        # (and its tree's) gives us EOF.
+        os.close(write_fd)
+        os.close(devnull)
+    return job, read_fd
+
+
+async def run(session, p: ShellRunParams) -> ShellRunResult:
+    session.check_open()
+    cwd = session.resolve_cwd(p.cwd)
+    env = session.command_env(p.env)
+    shell_name, shell_path = session.shell
+    started = time.monotonic()
+    job, read_fd = await spawn_with_pipe(session, [shell_path, "-c", p.command], cwd=cwd, env=env)
+    out = HeadTail(p.max_output_chars)
+    timed_out = False
+    orphans = 0
+    try:
+        async with trio.open_nursery() as nursery:
+            reader_done = trio.Event()
+
+            async def read_all():
+                try:
+                    await pump(read_fd, out.feed)
+                finally:
+                    reader_done.set()
+
+            nursery.start_soon(read_all)
+            with trio.move_on_after(p.timeout_s) as deadline:
+                await job.exited.wait()
+            if deadline.cancelled_caught:
+                timed_out = True
+                orphans = max(0, await end_tree(job, KILL_GRACE_S) - 1)
+            else:
+                # The shim reports `done` as soon as nothing of the tree is left: the usual
+                # case, and then there is nothing to look for.
+                with trio.move_on_after(LEFTOVER_CHECK_S):
+                    await job.done.wait()
+                if not job.done.is_set():
+                    orphans = await end_tree(job, 0)
+            with trio.move_on_after(DRAIN_S):
+                await reader_done.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        if not job.exited.is_set():
+            # Cancelled (the client went away, or a `cancel` request): the tree goes too.
+            with trio.CancelScope(shield=True):
+                await end_tree(job, KILL_GRACE_S)
+    output, truncated = out.result()
+    return ShellRunResult(
+        exit_code=job.exit_code,
+        signal=signal_name(job.signal),
+        timed_out=timed_out,
+        output=output,
+        output_bytes=out.total,
+        truncated=truncated,
+        shell=shell_name,
+        duration_s=round(time.monotonic() - started, 6),
+        orphans_ended=orphans,
+    )
+
+
+async def end_tree(job, grace_s: float) -> int:
+    """End the command's whole tree through its shim (every orphan of the tree reparents to
+    it) and return how many processes were ended."""
+    ended, _survivors = await trio.to_thread.run_sync(
+        lambda: proctree.kill_tree(job.shim_pid, grace_s=grace_s, include_root=False))
+    if not job.exited.is_set():
+        with trio.move_on_after(5):
+            await job.exited.wait()
+    return ended
