@@ -1,0 +1,167 @@
+"""What a session's commands can and cannot reach, tried as a hostile command would."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import pytest
+
+from conftest import HAVE_BWRAP
+
+pytestmark = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")
+
+
+@pytest.fixture
+def outside():
+    """A host folder outside the workspace (not under /tmp, which sessions get privately)."""
+    path = tempfile.mkdtemp(prefix="toolsd-outside-", dir=os.path.expanduser("~"))
+    yield path
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_session_is_sandboxed(client, session):
+    assert client.hello()["sandbox"] == "bwrap"
+    assert client.session_list()["sessions"][0]["sandbox"] == "bwrap"
+
+
+def test_write_inside_works_outside_fails(daemon, client, session, outside):
+    r = client.shell_run(session, f"echo data > inside.txt && echo ok; "
+                                  f"echo x > {outside}/escaped.txt; echo rc=$?")
+    assert r["output"].startswith("ok\n")
+    assert "rc=1" in r["output"] and "Read-only file system" in r["output"]
+    with open(os.path.join(daemon.workspace, "inside.txt")) as f:
+        assert f.read() == "data\n"
+    assert not os.path.exists(os.path.join(outside, "escaped.txt"))
+
+
+def test_symlink_out_of_the_workspace_cannot_be_written_through(daemon, client, session, outside):
+    os.symlink(outside, os.path.join(daemon.workspace, "link"))
+    r = client.shell_run(session, "echo x > link/escaped.txt; echo rc=$?")
+    assert "rc=1" in r["output"]
+    assert not os.path.exists(os.path.join(outside, "escaped.txt"))
+
+
+def test_read_only_session_refuses_every_write(daemon, client):
+    with open(os.path.join(daemon.workspace, "existing.txt"), "w") as f:
+        f.write("keep\n")
+    s = client.session_open(daemon.workspace, writable=False)["session"]
+    attempts = [
+        "echo x > new.txt",
+        "echo x >> existing.txt",
+        "rm existing.txt",
+        "mkdir d",
+        "python3 -c \"open('existing.txt','w')\"",
+        "mv existing.txt moved.txt",
+        "touch existing.txt",
+    ]
+    for cmd in attempts:
+        r = client.shell_run(s, cmd)
+        assert r["exit_code"] != 0, cmd
+        assert "Read-only file system" in r["output"] or "read-only" in r["output"].lower(), cmd
+    with open(os.path.join(daemon.workspace, "existing.txt")) as f:
+        assert f.read() == "keep\n"
+    assert sorted(os.listdir(daemon.workspace)) == ["existing.txt"]
+    # /tmp stays writable: tools need scratch space even in a read-only session.
+    assert client.shell_run(s, "echo x > /tmp/t && cat /tmp/t")["output"] == "x\n"
+
+
+def test_credentials_are_hidden(daemon, client, session):
+    r = client.shell_run(session, f"ls -A {daemon.home}/.ssh; cat {daemon.home}/.ssh/id_rsa; "
+                                  f"echo rc=$?")
+    assert "SECRET-KEY" not in r["output"]
+    assert "rc=1" in r["output"]
+
+
+def test_symlink_to_credentials_reads_nothing(daemon, client, session):
+    os.symlink(os.path.join(daemon.home, ".ssh"), os.path.join(daemon.workspace, "keys"))
+    r = client.shell_run(session, "cat keys/id_rsa; echo rc=$?")
+    assert "SECRET-KEY" not in r["output"] and "rc=1" in r["output"]
+
+
+def test_daemon_socket_and_state_are_unreachable(daemon, client, session):
+    code = ("import socket,sys\n"
+            "s=socket.socket(socket.AF_UNIX)\n"
+            "try:\n"
+            f"    s.connect({daemon.socket!r}); print('CONNECTED')\n"
+            "except OSError as e: print('refused', e.errno)\n")
+    r = client.shell_run(session, f"python3 -c \"{code}\"; ls -A {daemon.state_dir} | wc -l")
+    assert "CONNECTED" not in r["output"]
+    assert "refused" in r["output"]
+    assert r["output"].strip().endswith("0")  # the state folder is an empty tmpfs inside
+
+
+def test_git_hooks_and_config_are_protected(daemon, client):
+    os.makedirs(os.path.join(daemon.workspace, ".git", "hooks"))
+    open(os.path.join(daemon.workspace, ".git", "config"), "w").close()
+    s = client.session_open(daemon.workspace)["session"]
+    r = client.shell_run(s, "echo evil > .git/hooks/pre-commit; echo rc=$?; "
+                            "echo '[core]' >> .git/config; echo rc=$?; "
+                            "echo fine > .git/HEAD; echo rc=$?")
+    assert r["output"].count("rc=1") == 2 and r["output"].endswith("rc=0\n")
+    assert not os.path.exists(os.path.join(daemon.workspace, ".git", "hooks", "pre-commit"))
+    assert os.path.getsize(os.path.join(daemon.workspace, ".git", "config")) == 0
+
+
+def test_host_processes_are_invisible_and_unsignallable(daemon, client, session):
+    r = client.shell_run(session, f"ps -e -o pid= | wc -l; kill -0 {daemon.proc.pid}; "
+                                  f"echo rc=$?")
+    count = int(r["output"].split()[0])
+    assert count < 10  # the sandbox's own few processes, not the host's hundreds
+    assert "rc=1" in r["output"]
+    assert daemon.proc.poll() is None
+
+
+def test_network_none_cannot_reach_host_loopback(client, session):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        code = ("import socket\n"
+                "try:\n"
+                f"    socket.create_connection(('127.0.0.1', {port}), timeout=5); print('REACHED')\n"
+                "except OSError as e: print('blocked', e)\n")
+        r = client.shell_run(session, f"python3 -c \"{code}\"")
+        assert "REACHED" not in r["output"] and "blocked" in r["output"]
+    finally:
+        listener.close()
+
+
+def test_server_of_one_command_reachable_from_another(client, session):
+    started = client.process_start(
+        session, "python3 -m http.server 18765 --bind 127.0.0.1", name="web")
+    try:
+        ready = client.process_output(started["id"], wait_s=30, until="Serving HTTP")
+        assert "Serving HTTP" in ready["output"]
+        code = ("import urllib.request\n"
+                "print(urllib.request.urlopen('http://127.0.0.1:18765/').status)\n")
+        r = client.shell_run(session, f"python3 -c \"{code}\"")
+        assert r["output"] == "200\n"
+    finally:
+        client.process_stop(started["id"])
+
+
+def test_network_host_reaches_host_loopback(daemon, client):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        s = client.session_open(daemon.workspace, network="host")["session"]
+        code = (f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); "
+                f"print('REACHED')")
+        assert client.shell_run(s, f"python3 -c \"{code}\"")["output"] == "REACHED\n"
+    finally:
+        listener.close()
+
+
+def test_tmp_is_private_to_the_session(daemon, client):
+    a = client.session_open(daemon.workspace)["session"]
+    b = client.session_open(daemon.workspace)["session"]
+    client.shell_run(a, "echo mine > /tmp/note")
+    assert client.shell_run(b, "cat /tmp/note; echo rc=$?")["output"].endswith("rc=1\n")
+    assert client.shell_run(a, "cat /tmp/note")["output"] == "mine\n"

@@ -1,0 +1,273 @@
+"""shell.run through a real daemon: output, exit, timeouts, leftovers, floods, bad input."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+
+import msgspec
+import psutil
+import pytest
+import trio
+
+from conftest import needs_bwrap
+from toolsd.client import ToolsdError
+
+
+def test_output_and_exit_code(client, session):
+    r = client.shell_run(session, "echo out; echo err >&2; exit 3")
+    assert r["exit_code"] == 3
+    assert r["signal"] is None and not r["timed_out"]
+    assert r["output"] == "out\nerr\n"
+    assert r["output_bytes"] == 8
+    assert r["shell"] == "bash"
+    assert r["orphans_ended"] == 0
+
+
+def test_bash_syntax_runs_in_bash(client, session):
+    r = client.shell_run(session, "for ((i=0; i<3; i++)); do echo $i; done; echo ${BASH_VERSION:+bash}")
+    assert r["output"] == "0\n1\n2\nbash\n"
+
+
+def test_killed_by_signal_is_reported(client, session):
+    r = client.shell_run(session, "kill -KILL $$")
+    assert r["exit_code"] is None
+    assert r["signal"] == "SIGKILL"
+
+
+def test_stdin_is_empty(client, session):
+    r = client.shell_run(session, "cat; echo done", timeout_s=30)
+    assert r["output"] == "done\n" and not r["timed_out"]
+
+
+def test_cwd_and_env(daemon, client, session):
+    os.makedirs(os.path.join(daemon.workspace, "sub"))
+    r = client.shell_run(session, 'pwd; echo "$GREETING"', cwd="sub", env={"GREETING": "hi"})
+    assert r["output"] == f"{os.path.realpath(daemon.workspace)}/sub\nhi\n"
+
+
+def test_environment_is_clean(client, session):
+    r = client.shell_run(session, "env | sort")
+    names = {line.split("=", 1)[0] for line in r["output"].splitlines()}
+    assert {"PATH", "HOME", "TERM", "NO_COLOR", "PAGER"} <= names
+    assert "PYTEST_CURRENT_TEST" not in names  # nothing of the daemon's environment leaks
+
+
+def test_background_child_does_not_hold_the_call(daemon, client, session):
+    # `sleep 1000 &` keeps the output pipe open; the call must return when bash exits, and the
+    # sleep must be ended and counted.
+    r = client.shell_run(session, "sleep 1000 & echo started", timeout_s=60)
+    assert r["output"] == "started\n"
+    assert not r["timed_out"]
+    assert r["orphans_ended"] == 1
+    assert not any("sleep 1000" in " ".join(p.cmdline()) for p in daemon.tree()
+                   if p.is_running())
+
+
+def test_setsid_double_fork_leftover_is_ended(daemon, client, session):
+    code = ("import os,time\n"
+            "if os.fork()==0:\n"
+            "    os.setsid()\n"
+            "    if os.fork()==0:\n"
+            "        time.sleep(1000)\n"
+            "    os._exit(0)\n")
+    r = client.shell_run(session, f"python3 -c '{code}' > /dev/null; echo parent done")
+    assert r["output"] == "parent done\n"
+    assert r["orphans_ended"] >= 1
+    assert not [p for p in daemon.tree() if "time.sleep(1000)" in " ".join(p.cmdline())]
+
+
+def test_timeout_ends_the_whole_tree(daemon, client, session):
+    r = client.shell_run(session, "echo before; sleep 1000 & sleep 1000", timeout_s=1)
+    assert r["timed_out"]
+    assert r["output"] == "before\n"
+    assert r["exit_code"] is None
+    left = [p for p in daemon.tree() if "sleep" in " ".join(p.cmdline())]
+    assert left == []
+
+
+def test_flood_is_capped_and_counted(daemon, client, session):
+    rss_before = psutil.Process(daemon.proc.pid).memory_info().rss
+    r = client.shell_run(session, "yes | head -c 1000000000", max_output_chars=2000,
+                         timeout_s=300)
+    assert r["exit_code"] == 0
+    assert r["output_bytes"] == 1_000_000_000
+    assert r["truncated"]
+    assert len(r["output"]) <= 2000
+    assert "bytes left out" in r["output"]
+    assert r["output"].startswith("y\ny\n") and r["output"].endswith("y\ny\n")
+    growth = psutil.Process(daemon.proc.pid).memory_info().rss - rss_before
+    assert growth < 64 * 1024 * 1024, f"daemon grew by {growth} bytes"
+
+
+def test_invalid_utf8_output_is_shown_escaped(client, session):
+    r = client.shell_run(session, r"printf 'a\377b\n'")
+    assert r["output"] == "a\\xffb\n"
+    assert r["output_bytes"] == 4
+
+
+@pytest.mark.parametrize("params, code, word", [
+    ({"timeout_s": 0}, "bad_params", "timeout_s"),
+    ({"timeout_s": -1}, "bad_params", "timeout_s"),
+    ({"cwd": "/etc"}, "bad_params", "outside the workspace"),
+    ({"cwd": "../.."}, "bad_params", "outside the workspace"),
+    ({"cwd": "no-such-folder"}, "bad_params", "not an existing folder"),
+    ({"env": {"A": 1}}, "bad_params", "env"),
+])
+def test_bad_params_start_nothing(daemon, client, session, params, code, word):
+    marker = "touch started-anyway"
+    with pytest.raises(ToolsdError) as e:
+        client.shell_run(session, marker, **params)
+    assert e.value.code == code
+    assert word in e.value.message
+    assert not os.path.exists(os.path.join(daemon.workspace, "started-anyway"))
+
+
+def test_unknown_session(client):
+    with pytest.raises(ToolsdError) as e:
+        client.shell_run("s999", "true")
+    assert e.value.code == "not_found"
+
+
+@pytest.mark.parametrize("workspace, word", [
+    ("relative/path", "absolute"),
+    ("/no/such/folder/anywhere", "does not exist"),
+])
+def test_bad_workspace(client, workspace, word):
+    with pytest.raises(ToolsdError) as e:
+        client.session_open(workspace)
+    assert e.value.code == "bad_params"
+    assert word in e.value.message
+
+
+def test_workspace_that_is_a_file(daemon, client):
+    path = os.path.join(daemon.root, "a-file")
+    open(path, "w").close()
+    with pytest.raises(ToolsdError) as e:
+        client.session_open(path)
+    assert e.value.code == "bad_params" and "not a folder" in e.value.message
+
+
+def test_session_env_with_non_string_value(daemon, client):
+    with pytest.raises(ToolsdError) as e:
+        client.session_open(daemon.workspace, env={"A": 1})
+    assert e.value.code == "bad_params"
+    assert client.session_list()["sessions"] == []
+
+
+def test_closed_session_refuses_and_leaves_nothing(daemon, client, session):
+    client.process_start(session, "sleep 1000")
+    client.shell_run(session, "true")
+    assert any("sleep" in " ".join(p.cmdline()) for p in daemon.tree())
+    closed = client.session_close(session)
+    assert closed["processes_stopped"] == 1
+    with pytest.raises(ToolsdError) as e:
+        client.shell_run(session, "true")
+    assert e.value.code in ("not_found", "session_closed")
+    assert [p for p in daemon.tree() if p.is_running()] == []
+
+
+def test_daemon_stop_leaves_no_process(daemon, client, session):
+    client.process_start(session, "sleep 1000")
+    tree = daemon.tree()
+    assert tree
+    assert daemon.stop() == 0
+    gone, alive = psutil.wait_procs(tree, timeout=10)
+    assert alive == []
+
+
+async def test_cancel_ends_the_command_and_answers_cancelled(daemon):
+    client = await daemon.async_client()
+    async with client:
+        session = (await client.session_open(daemon.workspace))["session"]
+        result = {}
+
+        async def long_call():
+            try:
+                await client.shell_run(session, "sleep 1000", timeout_s=600)
+            except ToolsdError as e:
+                result["code"] = e.code
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_call)
+            while not any("sleep" in " ".join(p.cmdline()) for p in daemon.tree()):
+                await trio.sleep(0.05)
+            # The client numbers requests from 1: session.open was 1, shell.run is 2.
+            await client.call("cancel", request=2)
+        assert result["code"] == "cancelled"
+        assert not [p for p in daemon.tree() if "sleep" in " ".join(p.cmdline())]
+
+
+def test_client_disconnect_cancels_its_runs_but_not_the_session(daemon, client, session):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(daemon.socket)
+    body = msgspec.msgpack.encode({"id": 1, "method": "shell.run",
+                                   "params": {"session": session, "command": "sleep 1000"}})
+    s.sendall(struct.pack(">I", len(body)) + body)
+    while not any("sleep" in " ".join(p.cmdline()) for p in daemon.tree()):
+        pass
+    s.close()
+    psutil.wait_procs([p for p in daemon.tree() if "sleep" in " ".join(p.cmdline())], timeout=10)
+    assert not [p for p in daemon.tree() if "sleep" in " ".join(p.cmdline())]
+    assert client.shell_run(session, "echo still here")["output"] == "still here\n"
+
+
+async def test_slow_call_does_not_delay_another(daemon):
+    client = await daemon.async_client()
+    async with client:
+        session = (await client.session_open(daemon.workspace))["session"]
+        order = []
+
+        async def slow():
+            await client.shell_run(session, "sleep 3")
+            order.append("slow")
+
+        async def fast():
+            await client.shell_run(session, "true")
+            order.append("fast")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slow)
+            await trio.sleep(0)
+            nursery.start_soon(fast)
+        assert order == ["fast", "slow"]
+
+
+def test_exec_cli_prints_output_and_exit_code(daemon):
+    out = subprocess.run(
+        [sys.executable, "-m", "toolsd", "--socket", daemon.socket, "exec", "--workspace",
+         daemon.workspace, "--", "echo hello; exit 7"],
+        capture_output=True, text=True, timeout=60, env=daemon.env)
+    assert out.stdout == "hello\n"
+    assert out.returncode == 7
+    with daemon.client() as c:
+        assert c.session_list()["sessions"] == []  # exec closed its session
+
+
+@needs_bwrap
+def test_sh_is_used_where_the_sandbox_has_no_bash(daemon_root):
+    from conftest import RunningDaemon
+
+    # A PATH without bash: a folder with only sh (and the tools the test needs) in it, inside
+    # the workspace so that the sandbox sees it where the daemon does.
+    d = RunningDaemon(daemon_root)
+    bin_dir = os.path.join(d.workspace, "bin-no-bash")
+    os.makedirs(bin_dir)
+    for tool in ("sh", "echo", "cat", "python3", "bwrap"):
+        real = subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip()
+        if real:
+            os.symlink(os.path.realpath(real), os.path.join(bin_dir, tool))
+    d.env["PATH"] = bin_dir
+    d.start()
+    try:
+        with d.client() as c:
+            assert c.hello()["sandbox"] == "bwrap"
+            s = c.session_open(d.workspace)["session"]
+            r = c.shell_run(s, "echo hi; echo ${BASH_VERSION:-no bash}")
+            assert r["shell"] == "sh"
+            assert r["output"] == "hi\nno bash\n"
+    finally:
+        assert d.stop() == 0
