@@ -133,8 +133,73 @@ def bench_hello() -> None:
            ratio=p90 / e_p90)
 
 
+# ------------------------------------------------------------------ shell
+
+
+def bwrap_per_call_argv() -> list[str]:
+    """The flags a session uses, for one command: what a per-call sandbox would cost."""
+    from toolsd import sandbox
+
+    scratch = tempfile.mkdtemp(prefix="toolsd-bench-scratch-")
+    policy = sandbox.Policy(workspace=ROOT, scratch=scratch,
+                            env=sandbox.sandbox_env(home=os.path.expanduser("~"),
+                                                    path=os.environ["PATH"], lang="C.UTF-8",
+                                                    extra={}))
+    return sandbox.bwrap_argv(policy, bwrap=shutil.which("bwrap"))
+
+
+def spawn_wait(argv: list[str]) -> None:
+    pid = os.posix_spawn(argv[0], argv, {"PATH": os.environ["PATH"]})
+    os.waitpid(pid, 0)
+
+
+def bench_shell() -> None:
+    import psutil
+
+    n = 200
+    bash = shutil.which("bash")
+    with running_daemon() as (sock, root, proc):
+        workspace = os.path.join(root, "ws")
+        os.makedirs(workspace)
+        with Client(sock) as c:
+            opens = []
+            for _ in range(10):
+                t = time.perf_counter()
+                s = c.session_open(workspace)["session"]
+                c.shell_run(s, "true")
+                opens.append(time.perf_counter() - t)
+                c.session_close(s)
+            session = c.session_open(workspace)["session"]
+            run_median, run_p90 = stats(timed(lambda: c.shell_run(session, "true"), n))
+            plain = stats(timed(lambda: spawn_wait([bash, "-c", "true"]), n))[0]
+            per_call = None
+            if shutil.which("bwrap"):
+                argv = bwrap_per_call_argv() + [bash, "-c", "true"]
+                per_call = stats(timed(lambda: spawn_wait(argv), n // 2))[0]
+            rss_before = psutil.Process(proc.pid).memory_info().rss
+            size = 1_000_000_000
+            t = time.perf_counter()
+            r = c.shell_run(session, f"yes | head -c {size}", max_output_chars=1000,
+                            timeout_s=600)
+            drain = time.perf_counter() - t
+            growth = psutil.Process(proc.pid).memory_info().rss - rss_before
+            assert r["output_bytes"] == size
+    report("shell.run('true') through the daemon, median", ms(run_median),
+           anchor=f"bwrap per call {ms(per_call)}" if per_call else "",
+           ratio=run_median / per_call if per_call else None, target="<= 1.5 ms, <= 0.4 x")
+    report("shell.run('true'), p90", ms(run_p90))
+    report("plain bash -c true (posix_spawn + wait), median", ms(plain),
+           anchor=f"shell.run {ms(run_median)}", ratio=run_median / plain)
+    report("session.open to first command done, median", ms(statistics.median(opens)),
+           target="< 50 ms")
+    report("drain rate of yes | head -c 1 GB", f"{size / drain / 1e6:8.0f} MB/s",
+           target=">= 300 MB/s")
+    report("daemon RSS growth during the flood", f"{growth / 1e6:8.1f} MB", target="< 32 MB")
+
+
 SECTIONS = {
     "hello": bench_hello,
+    "shell": bench_shell,
 }
 
 
