@@ -159,3 +159,5 @@ def cmd_exec(args) -> int:
         print(f"toolsd exec: killed by {result['signal']}", file=sys.stderr)
         return 128 + 9
     return result["exit_code"]
+from . import cli_image as _cli_image  # noqa: E402
+_extra_commands.append(_cli_image.add_parser)
