@@ -29,6 +29,8 @@ class RunningDaemon:
         os.makedirs(os.path.join(self.home, ".ssh"), exist_ok=True)
         with open(os.path.join(self.home, ".ssh", "id_rsa"), "w") as f:
             f.write("SECRET-KEY\n")
+        with open(os.path.join(self.home, "notes.txt"), "w") as f:
+            f.write("PUBLIC-NOTE\n")  # not hidden: proves HOME itself is in the session's view
         os.makedirs(self.workspace, exist_ok=True)
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("TOOLSD_SOCKET", "XDG_RUNTIME_DIR")}
@@ -84,7 +86,9 @@ class RunningDaemon:
 
 def short_tempdir() -> str:
     # AF_UNIX paths are limited to 107 bytes: pytest's tmp_path can be longer than that.
-    return tempfile.mkdtemp(prefix="toolsd-t-", dir="/tmp")
+    # Not under /tmp: a session gets a private /tmp, which would hide a HOME kept there and
+    # make every "the credentials are hidden" test pass for the wrong reason.
+    return tempfile.mkdtemp(prefix="toolsd-t-", dir="/var/tmp")
 
 
 @pytest.fixture

@@ -70,8 +70,9 @@ def test_read_only_session_refuses_every_write(daemon, client):
 
 
 def test_credentials_are_hidden(daemon, client, session):
-    r = client.shell_run(session, f"ls -A {daemon.home}/.ssh; cat {daemon.home}/.ssh/id_rsa; "
-                                  f"echo rc=$?")
+    r = client.shell_run(session, f"cat {daemon.home}/notes.txt; ls -A {daemon.home}/.ssh; "
+                                  f"cat {daemon.home}/.ssh/id_rsa; echo rc=$?")
+    assert r["output"].startswith("PUBLIC-NOTE\n")  # HOME is visible, only .ssh is hidden
     assert "SECRET-KEY" not in r["output"]
     assert "rc=1" in r["output"]
 
