@@ -1,0 +1,431 @@
+"""The launcher, both sides, with real processes: in bwrap and unsandboxed (parametrized)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import trio
+
+from toolsd.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
+
+BWRAP = shutil.which("bwrap")
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+PY = sys.executable
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bwrap_prefix(folder: str) -> list[str]:
+    return [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--bind", folder, folder, "--unshare-user", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-net", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--"]
+
+
+@pytest.fixture(params=["bwrap", "none"])
+def wrapper(request, tmp_path):
+    if request.param == "none":
+        return []
+    if BWRAP is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    return bwrap_prefix(str(tmp_path))
+
+
+def tree_pids(launcher: Launcher) -> set[int]:
+    pids = {launcher.wrapper_pid, launcher.host_pid}
+    try:
+        pids.update(p.pid for p in psutil.Process(launcher.wrapper_pid).children(recursive=True))
+    except psutil.NoSuchProcess:
+        pass
+    return pids
+
+
+def assert_gone(pids) -> None:
+    """Every pid has exited (a zombie has exited too: only its parent's wait is pending)."""
+    alive = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    assert not alive, f"still running: {alive}"
+
+
+@pytest.fixture
+async def launcher(nursery, wrapper):
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
+    try:
+        yield launcher
+    finally:
+        pids = tree_pids(launcher)
+        await launcher.aclose()
+        assert_gone(pids)
+
+
+async def read_all(fd: int) -> bytes:
+    chunks = []
+    async with trio.lowlevel.FdStream(fd) as stream:
+        while data := await stream.receive_some():
+            chunks.append(data)
+    return b"".join(chunks)
+
+
+async def read_line(stream: trio.lowlevel.FdStream) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await stream.receive_some(1)
+        assert chunk, f"EOF before a full line: {data!r}"
+        data += chunk
+    return data
+
+
+async def spawn_piped(launcher, argv, *, cwd="/", env=ENV, stdin=None, **kw):
+    """Spawn with stdout+stderr on one pipe; returns (job, read_fd)."""
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        job = await launcher.spawn(argv, cwd=cwd, env=env,
+                                   stdin=devnull if stdin is None else stdin,
+                                   stdout=write_fd, stderr=write_fd, **kw)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+        os.close(devnull)
+    return job, read_fd
+
+
+async def run(launcher, argv, **kw) -> tuple[bytes, tuple[int | None, int | None]]:
+    job, read_fd = await spawn_piped(launcher, argv, **kw)
+    output = await read_all(read_fd)
+    return output, await job.wait()
+
+
+# ---------------------------------------------------------------- spawning
+
+
+async def test_echo_output_is_read_and_exit_code_is_zero(launcher):
+    output, status = await run(launcher, ["echo", "hello from the sandbox"])
+    assert output == b"hello from the sandbox\n"
+    assert status == (0, None)
+
+
+async def test_failing_command_reports_its_exit_code(launcher):
+    output, status = await run(launcher, ["sh", "-c", "echo oops >&2; exit 3"])
+    assert output == b"oops\n"
+    assert status == (3, None)
+
+
+async def test_command_killed_by_a_signal_reports_the_signal(launcher):
+    _, status = await run(launcher, ["sh", "-c", "kill -TERM $$"])
+    assert status == (None, signal.SIGTERM)
+
+
+async def test_ready_message_names_the_shells(launcher):
+    assert launcher.info["sh"] is not None
+    assert launcher.info["bash"] == shutil.which("bash", path=ENV["PATH"])
+    assert launcher.host_pid > 0
+    cmdline = psutil.Process(launcher.host_pid).cmdline()
+    assert LAUNCHER_PY in cmdline
+
+
+async def test_missing_program_is_a_clear_error_and_launcher_still_works(launcher):
+    with pytest.raises(LauncherError, match=r"no such program: 'no-such-program-xyz'.*PATH"):
+        await launcher.spawn(["no-such-program-xyz", "arg"], cwd="/", env=ENV,
+                             stdin=0, stdout=1, stderr=2)
+    output, status = await run(launcher, ["echo", "still here"])
+    assert (output, status) == (b"still here\n", (0, None))
+
+
+async def test_missing_cwd_is_a_clear_error_and_launcher_still_works(launcher, tmp_path):
+    missing = str(tmp_path / "not-there")
+    with pytest.raises(LauncherError, match=r"working directory .*not-there.*No such file"):
+        await launcher.spawn(["true"], cwd=missing, env=ENV, stdin=0, stdout=1, stderr=2)
+    output, status = await run(launcher, ["echo", "still here"])
+    assert (output, status) == (b"still here\n", (0, None))
+
+
+async def test_cwd_and_env_are_the_commands_own(launcher, tmp_path):
+    output, status = await run(launcher, ["sh", "-c", 'pwd; echo "$GREETING"'],
+                               cwd=str(tmp_path), env={**ENV, "GREETING": "bonjour"})
+    assert output.decode().splitlines() == [str(tmp_path), "bonjour"]
+    assert status == (0, None)
+
+
+async def test_stdin_dev_null_lets_cat_end_at_once(launcher):
+    output, status = await run(launcher, ["cat"])
+    assert (output, status) == (b"", (0, None))
+
+
+async def test_stdin_pipe_feeds_the_command(launcher):
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        job, read_fd = await spawn_piped(launcher, ["cat"], stdin=read_end)
+    finally:
+        os.close(read_end)
+    os.write(write_end, b"through the pipe\n")
+    os.close(write_end)
+    assert await read_all(read_fd) == b"through the pipe\n"
+    assert await job.wait() == (0, None)
+
+
+async def test_command_inherits_only_its_stdio(launcher):
+    # listdir holds one fd of its own (3) while it reads the folder; nothing else may be open:
+    # not the launcher's socket, not a shim's, not a pidfd.
+    code = "import os; print(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))"
+    output, status = await run(launcher, [PY, "-I", "-S", "-c", code])
+    assert status == (0, None)
+    assert json.loads(output) == [0, 1, 2, 3]
+
+
+async def test_extra_fds_become_fd_3_and_up(launcher):
+    extra_r, extra_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        job, read_fd = await spawn_piped(
+            launcher, ["sh", "-c", "echo on-stdout; echo on-fd-3 >&3"], extra_fds=[extra_w])
+    finally:
+        os.close(extra_w)
+    assert await read_all(extra_r) == b"on-fd-3\n"
+    assert await read_all(read_fd) == b"on-stdout\n"
+    assert await job.wait() == (0, None)
+
+
+async def test_ignored_signals_are_reset_for_the_command(launcher):
+    # Python ignores SIGPIPE and SIGXFSZ; a command inheriting that would never die of a
+    # broken pipe. (glibc's posix_spawn leaves its own internal signals 32 and 33 ignored;
+    # every glibc program installs its handlers for those at startup.)
+    output, status = await run(launcher, ["grep", "SigIgn", "/proc/self/status"])
+    assert status == (0, None)
+    ignored = {sig for sig in range(1, 65) if int(output.split()[1], 16) & (1 << (sig - 1))}
+    assert ignored <= {32, 33}
+
+
+async def test_rlimits_apply_to_the_command(launcher):
+    output, status = await run(launcher, ["sh", "-c", "ulimit -n; ulimit -c"],
+                               rlimits={"nofile": (40, 40), "core": (0, 0)})
+    assert status == (0, None)
+    assert output.decode().split() == ["40", "0"]
+
+
+async def test_unknown_rlimit_is_a_clear_error(launcher):
+    with pytest.raises(LauncherError, match="unknown resource limit 'bogus'"):
+        await launcher.spawn(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2,
+                             rlimits={"bogus": (1, 1)})
+
+
+async def test_job_pid_is_a_host_pid_running_the_command(launcher):
+    # posix_spawn returns while exec is still setting up the new image (cmdline may read
+    # empty for a moment): the command says when it runs.
+    code = "import time; print('running', flush=True); time.sleep(1000)"
+    job, read_fd = await spawn_piped(launcher, [PY, "-c", code])
+    async with trio.lowlevel.FdStream(read_fd) as out:
+        assert await read_line(out) == b"running\n"
+    assert psutil.Process(job.pid).cmdline() == [PY, "-c", code]
+    shim = psutil.Process(job.shim_pid)
+    assert LAUNCHER_PY in shim.cmdline()
+    assert psutil.Process(job.pid).ppid() == job.shim_pid
+    os.kill(job.pid, signal.SIGKILL)
+    assert await job.wait() == (None, signal.SIGKILL)
+    await job.done.wait()
+
+
+async def test_quick_commands_get_their_host_pid_too(launcher):
+    # The shim keeps the exited command unreaped until the host has read its pid.
+    for _ in range(20):
+        job, read_fd = await spawn_piped(launcher, ["true"])
+        os.close(read_fd)
+        assert job.pid > 0 and job.shim_pid > 0
+        assert await job.wait() == (0, None)
+
+
+async def test_ping_answers(launcher):
+    await launcher.ping()
+    assert launcher.alive
+
+
+async def test_sandboxed_code_cannot_read_the_launchers_fds(nursery, tmp_path):
+    if BWRAP is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    launcher = await Launcher.start(nursery, wrapper=bwrap_prefix(str(tmp_path)), env=ENV)
+    try:
+        # Opening /proc/PID/fd/N of the launcher would hand sandboxed code the daemon's socket.
+        code = textwrap.dedent(f"""
+            import os
+            folder = '/proc/{launcher.info['pid']}/fd/'
+            for name in os.listdir(folder):
+                try:
+                    os.close(os.open(folder + name, os.O_RDONLY))
+                    print(name, 'opened')
+                except PermissionError:
+                    print(name, 'denied')
+                except OSError as e:  # e.g. ENXIO: reached, but a socket cannot be reopened
+                    print(name, 'reached', e.errno)
+        """)
+        output, status = await run(launcher, [PY, "-I", "-S", "-c", code])
+        assert status == (0, None)
+        lines = output.decode().splitlines()
+        assert len(lines) >= 4  # stdio and the socket at least
+        assert all(line.endswith(" denied") for line in lines), lines
+    finally:
+        await launcher.aclose()
+
+
+# ---------------------------------------------------------------- failures and ending
+
+
+async def test_wrapper_failure_reports_its_own_error(nursery):
+    if BWRAP is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    with pytest.raises(LauncherError, match="did not start.*--no-such-bwrap-option"):
+        await Launcher.start(nursery, wrapper=[BWRAP, "--no-such-bwrap-option", "--"], env=ENV)
+
+
+async def test_missing_wrapper_program_is_a_clear_error(nursery):
+    with pytest.raises(LauncherError, match="cannot start the sandbox launcher"):
+        await Launcher.start(nursery, wrapper=["/nonexistent/bwrap", "--"], env=ENV)
+
+
+async def test_launcher_killed_from_inside_wakes_every_waiter(launcher):
+    sleeper, read_fd = await spawn_piped(launcher, ["sleep", "1000"])
+    os.close(read_fd)
+    sleeper_pid = sleeper.pid
+    try:
+        _, read_fd = await spawn_piped(launcher, ["kill", "-9", str(launcher.info["pid"])])
+        os.close(read_fd)
+    except LauncherDied:
+        pass  # the kill can land before the host has read that the killer started
+    with trio.fail_after(20):
+        with pytest.raises(LauncherDied):
+            await sleeper.wait()
+        with pytest.raises(LauncherDied):
+            await launcher.ping()
+        with pytest.raises(LauncherDied):
+            await launcher.spawn(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2)
+    assert not launcher.alive
+    assert sleeper.lost
+    await launcher.aclose()
+    assert_gone([sleeper_pid, sleeper.shim_pid])
+
+
+async def test_aclose_leaves_no_process_of_the_sandbox(nursery, wrapper):
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
+    jobs = []
+    for argv in (["sleep", "1000"], ["bash", "-c", "sleep 1000 & sleep 1000"],
+                 [PY, "-c", "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+                            "    if os.fork() == 0:\n        time.sleep(1000)\n    os._exit(0)\n"
+                            "time.sleep(1000)"]):
+        job, read_fd = await spawn_piped(launcher, argv)
+        os.close(read_fd)
+        jobs.append(job)
+    await launcher.ping()
+    pids = tree_pids(launcher) | {j.pid for j in jobs} | {j.shim_pid for j in jobs}
+    assert len(pids) >= 9  # wrapper, launcher, spare, 3 shims, 3 commands, ...
+    await launcher.aclose()
+    await launcher.aclose()  # idempotent
+    assert not launcher.alive
+    assert_gone(pids)
+    with pytest.raises(LauncherDied):
+        await jobs[0].wait()
+
+
+DAEMON_SCRIPT = textwrap.dedent("""
+    import json, os, sys, trio
+    from toolsd.launcher import Launcher
+
+    async def main():
+        env = json.loads(sys.argv[2])
+        async with trio.open_nursery() as nursery:
+            launcher = await Launcher.start(nursery, wrapper=json.loads(sys.argv[1]), env=env)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            job = await launcher.spawn(["sleep", "1000"], cwd="/", env=env,
+                                       stdin=devnull, stdout=devnull, stderr=devnull)
+            print(json.dumps([launcher.wrapper_pid, launcher.host_pid, job.shim_pid, job.pid]),
+                  flush=True)
+            await trio.sleep_forever()
+
+    trio.run(main)
+""")
+
+
+def test_daemon_sigkill_leaves_nothing(wrapper):
+    daemon = subprocess.Popen([PY, "-c", DAEMON_SCRIPT, json.dumps(wrapper), json.dumps(ENV)],
+                              cwd=REPO, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        pids = set(json.loads(daemon.stdout.readline()))
+        pids.update(p.pid for p in psutil.Process(daemon.pid).children(recursive=True))
+        pidfds = [os.pidfd_open(pid) for pid in pids]
+    finally:
+        daemon.kill()
+        daemon.wait()
+        daemon.stdout.close()
+    try:
+        # Wait on the exits themselves (a pidfd polls readable once its process has exited),
+        # with a generous bound only so that a failure cannot hang the suite.
+        deadline = time.monotonic() + 20
+        poller = select.poll()
+        for fd in pidfds:
+            poller.register(fd, select.POLLIN)
+        pending = set(pidfds)
+        while pending and time.monotonic() < deadline:
+            for fd, _ in poller.poll(1000):
+                poller.unregister(fd)
+                pending.discard(fd)
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+    assert_gone(pids)
+
+
+# ---------------------------------------------------------------- figures
+
+
+async def test_spawn_latency_figures(nursery, tmp_path, capsys):
+    """Measures (prints, asserts nothing about time): median spawn-to-exit of `bash -c true`."""
+    def median_ms(samples):
+        return round(statistics.median(samples) * 1000, 2)
+
+    figures = {}
+    wrappers = {"launcher unsandboxed": []}
+    if BWRAP is not None:
+        wrappers["launcher in bwrap"] = bwrap_prefix(str(tmp_path))
+    for name, wrapper in wrappers.items():
+        launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
+        try:
+            samples = []
+            for _ in range(25):
+                t0 = time.perf_counter()
+                job = await launcher.spawn(["bash", "-c", "true"], cwd="/", env=ENV,
+                                           stdin=0, stdout=1, stderr=2)
+                assert await job.wait() == (0, None)
+                samples.append(time.perf_counter() - t0)
+            figures[name] = median_ms(samples)
+        finally:
+            await launcher.aclose()
+    samples = []
+    for _ in range(25):
+        t0 = time.perf_counter()
+        subprocess.run(["bash", "-c", "true"], check=True)
+        samples.append(time.perf_counter() - t0)
+    figures["subprocess.run"] = median_ms(samples)
+    if BWRAP is not None:
+        samples = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            subprocess.run([*bwrap_prefix(str(tmp_path)), "bash", "-c", "true"], check=True)
+            samples.append(time.perf_counter() - t0)
+        figures["bwrap per command"] = median_ms(samples)
+    with capsys.disabled():
+        print(f"\nspawn-to-exit of bash -c true, median ms: {figures}")

@@ -1,0 +1,227 @@
+"""Tree kill with real processes: the root is a launcher shim (a subreaper), as in toolsd,
+in bwrap and unsandboxed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import trio
+
+from toolsd import proctree
+from toolsd.launcher import Launcher
+
+BWRAP = shutil.which("bwrap")
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+PY = sys.executable
+
+
+def bwrap_prefix(folder: str) -> list[str]:
+    return [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--bind", folder, folder, "--unshare-user", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-net", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--"]
+
+
+@pytest.fixture(params=["bwrap", "none"])
+async def launcher(request, nursery, tmp_path):
+    if request.param == "bwrap":
+        if BWRAP is None:
+            pytest.skip("bubblewrap (bwrap) is not installed")
+        wrapper = bwrap_prefix(str(tmp_path))
+    else:
+        wrapper = []
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
+    try:
+        yield launcher
+    finally:
+        await launcher.aclose()
+
+
+def running(pids) -> list[int]:
+    """The pids still running (a zombie has exited: only its parent's wait is pending)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+async def start(launcher, argv):
+    """Spawn with stdout on a pipe; returns (job, stream of its stdout)."""
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        job = await launcher.spawn(argv, cwd="/", env=ENV, stdin=devnull, stdout=write_fd,
+                                   stderr=write_fd)
+    finally:
+        os.close(write_fd)
+        os.close(devnull)
+    return job, trio.lowlevel.FdStream(read_fd)
+
+
+async def read_until(stream, marker: bytes) -> bytes:
+    data = b""
+    while marker not in data:
+        chunk = await stream.receive_some()
+        assert chunk, f"EOF before {marker!r}: {data!r}"
+        data += chunk
+    return data
+
+
+async def kill_tree(root: int, grace_s: float, include_root: bool = False):
+    return await trio.to_thread.run_sync(
+        lambda: proctree.kill_tree(root, grace_s=grace_s, include_root=include_root))
+
+
+async def test_kill_tree_ends_a_shell_and_its_background_children(launcher):
+    job, out = await start(launcher, ["bash", "-c", "sleep 1000 & echo started; sleep 1000"])
+    async with out:
+        await read_until(out, b"started\n")
+        tree = [p.pid for p in proctree.descendants(job.shim_pid)]
+        assert job.pid in tree and len(tree) >= 2, tree
+        ended, survivors = await kill_tree(job.shim_pid, grace_s=2)
+        assert (ended, survivors) == (len(tree), 0)
+        assert running(tree) == []
+        assert await job.wait() == (None, signal.SIGTERM)
+        await job.done.wait()  # the shim saw its tree empty and left
+
+
+SETSID_DOUBLE_FORK = textwrap.dedent("""
+    import os, sys, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            print("grandchild ready", flush=True)
+            time.sleep(1000)
+        os._exit(0)
+    os.wait()
+""")
+
+
+async def test_setsid_double_forked_grandchild_is_found_and_ended(launcher):
+    job, out = await start(launcher, [PY, "-c", SETSID_DOUBLE_FORK])
+    async with out:
+        await read_until(out, b"grandchild ready\n")
+        assert await job.wait() == (0, None)
+        # The command and its child are gone; the grandchild left their session and its
+        # parent died, yet it is still below the shim, which adopted it.
+        tree = proctree.descendants(job.shim_pid)
+        assert len(tree) == 1
+        orphan = tree[0]
+        assert orphan.ppid() == job.shim_pid
+        assert orphan.cmdline()[:2] == [PY, "-c"]
+        assert os.getsid(orphan.pid) != os.getsid(job.shim_pid)
+        assert not job.done.is_set()
+        assert await kill_tree(job.shim_pid, grace_s=2) == (1, 0)
+        assert running([orphan.pid]) == []
+        await job.done.wait()
+
+
+async def test_process_ignoring_sigterm_is_sigkilled_after_grace(launcher):
+    code = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\ntime.sleep(1000)")
+    job, out = await start(launcher, [PY, "-c", code])
+    async with out:
+        await read_until(out, b"ready\n")
+        assert await kill_tree(job.shim_pid, grace_s=0.3) == (1, 0)
+        assert await job.wait() == (None, signal.SIGKILL)
+
+
+async def test_grace_lets_a_sigterm_handler_finish(launcher):
+    # os.write, not print: the signal may land while print('ready') is still inside the
+    # buffered writer, and a print from the handler would then be a reentrant call.
+    code = ("import os, signal, sys, time\n"
+            "def bye(*_):\n    os.write(1, b'cleaned up\\n')\n    sys.exit(7)\n"
+            "signal.signal(signal.SIGTERM, bye)\nos.write(1, b'ready\\n')\ntime.sleep(1000)")
+    job, out = await start(launcher, [PY, "-c", code])
+    async with out:
+        await read_until(out, b"ready\n")
+        assert await kill_tree(job.shim_pid, grace_s=5) == (1, 0)
+        rest = b""
+        while chunk := await out.receive_some():
+            rest += chunk
+        assert rest == b"cleaned up\n"
+        assert await job.wait() == (7, None)
+
+
+TREE_OF_200 = textwrap.dedent("""
+    import os, signal
+    r, w = os.pipe()
+    for i in range(20):
+        if os.fork() == 0:
+            os.close(r)
+            if i % 2:
+                os.setsid()
+            for j in range(9):
+                if os.fork() == 0:
+                    if j % 3 == 0:
+                        os.setsid()
+                    os.write(w, b"x")
+                    while True:
+                        signal.pause()
+            os.write(w, b"x")
+            while True:
+                signal.pause()
+    os.close(w)
+    n = 0
+    while n < 200:
+        n += len(os.read(r, 200))
+    print("ready", flush=True)
+    while True:
+        signal.pause()
+""")
+
+
+async def test_tree_of_200_with_setsid_members_leaves_no_survivor(launcher, capsys):
+    job, out = await start(launcher, [PY, "-c", TREE_OF_200])
+    async with out:
+        await read_until(out, b"ready\n")
+        tree = [p.pid for p in proctree.descendants(job.shim_pid)]
+        assert len(tree) == 201
+        t0 = time.perf_counter()
+        ended, survivors = await kill_tree(job.shim_pid, grace_s=2)
+        elapsed_ms = (time.perf_counter() - t0) * 1000
+        assert (ended, survivors) == (201, 0)
+        assert running(tree) == []
+        await job.done.wait()
+    with capsys.disabled():
+        print(f"\nkill_tree of 201 processes (some setsid), SIGTERM path: {elapsed_ms:.0f} ms")
+
+
+def test_include_root_ends_the_root_and_its_children():
+    root = subprocess.Popen([PY, "-c", "import subprocess, sys, time\n"
+                             "subprocess.Popen(['sleep', '1000'])\n"
+                             "print('ready', flush=True)\ntime.sleep(1000)"],
+                            stdout=subprocess.PIPE)
+    tree = [root.pid]
+    try:
+        assert root.stdout.readline() == b"ready\n"
+        tree += [p.pid for p in proctree.descendants(root.pid)]
+        assert len(tree) == 2
+        assert proctree.kill_tree(root.pid, grace_s=1, include_root=True) == (2, 0)
+        assert root.wait() == -signal.SIGTERM
+        assert running(tree) == []
+    finally:
+        for pid in running(tree):
+            os.kill(pid, signal.SIGKILL)
+        root.wait()
+        root.stdout.close()
+
+
+def test_missing_root_is_an_empty_tree():
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert proctree.descendants(gone.pid) == []
+    assert proctree.kill_tree(gone.pid, grace_s=0, include_root=False) == (0, 0)
+    assert proctree.kill_tree(gone.pid, grace_s=0, include_root=True) == (0, 0)

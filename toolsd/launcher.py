@@ -1,0 +1,515 @@
+"""Host side of the launcher channel: start `driver/launcher.py` (inside bwrap or bare), spawn
+commands through it, learn their host pids and exits.
+
+    LauncherError          a start or spawn failed; the message is for users
+     +-- LauncherDied      the launcher is gone; nothing more can be spawned or reported
+
+The wire format is described in driver/launcher.py.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+import psutil
+import trio
+
+import driver
+
+from . import proctree
+
+LAUNCHER_PY = os.path.join(os.path.dirname(os.path.abspath(driver.__file__)), "launcher.py")
+MAX_MSG = 1 << 18  # more than any datagram the default socket buffers let through
+MAX_FDS = 4
+ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+# How long aclose lets the launcher end its own tree (it does so on EOF, and reaps what it
+# kills, so nothing is left as a zombie) before killing everything from the host.
+CLEAN_EXIT_S = 2.0
+READY_TIMEOUT_S = 30.0
+
+
+class LauncherError(Exception):
+    """A start or spawn failed; the message says what happened and what to do."""
+
+
+class LauncherDied(LauncherError):
+    """The launcher's channel closed while waiting (the launcher was killed or exited)."""
+
+
+class Job:
+    """One command spawned by the launcher. pid / shim_pid are HOST pids (-1 if the process
+    was already gone when its pid was read, which the launcher's ack makes rare).
+
+    `exited` is set when the command exits, and also when the launcher dies (nothing more will
+    be reported then: exit_code and signal stay None and `lost` is True); `done` when the shim
+    has reaped every process of the tree and left, or the launcher died. `wait()` tells the
+    two apart by raising LauncherDied."""
+
+    def __init__(self, job: int, argv: list[str]):
+        self.job = job
+        self.argv = argv
+        self.pid = -1
+        self.shim_pid = -1
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+        self.lost = False
+        self.exited = trio.Event()
+        self.done = trio.Event()
+        self._reported = False  # exited came from the shim, not from the launcher's death
+        self._answered = trio.Event()  # started, error, or death
+        self._error: str | None = None
+        self._abandoned = False  # the spawn call was cancelled: kill it when it starts
+        self._started_at = 0.0
+
+    async def wait(self) -> tuple[int | None, int | None]:
+        """(exit_code, signal) once the command has exited; LauncherDied if it never will be
+        reported."""
+        await self.exited.wait()
+        if not self._reported:
+            raise LauncherDied(f"the sandbox launcher died before {self.argv[0]!r} exited; "
+                               f"close the session and open a new one")
+        return self.exit_code, self.signal
+
+    def __repr__(self) -> str:
+        return f"<Job {self.job} pid={self.pid} shim={self.shim_pid} argv={self.argv!r}>"
+
+
+def _host_pid(pidfd: int) -> int:
+    """The pid a pidfd refers to, in the host's pid namespace (fdinfo is rendered for the
+    namespace of the procfs we read, and ours is the host's)."""
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}") as f:
+            for line in f:
+                if line.startswith("Pid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def _pidfds_between(top: int, bottom: int) -> list[int]:
+    """pidfds of the processes strictly between `top` and its descendant `bottom`."""
+    if top == bottom:
+        return []
+    chain = []
+    pid = bottom
+    while True:
+        try:
+            pid = psutil.Process(pid).ppid()
+        except psutil.Error:
+            return []
+        if pid == top:
+            break
+        if pid <= 1 or len(chain) > 8:
+            return []  # `bottom` is not below `top`: nothing there is ours
+        chain.append(pid)
+    fds = []
+    for pid in chain:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except ProcessLookupError:
+            pass
+    return fds
+
+
+def _close_all(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class Launcher:
+    """Resource handling: owns the wrapper process (bwrap or the bare launcher), the channel to
+    the launcher and the reader tasks it runs in the nursery given to `start`. `aclose()` ends
+    every process of the sandbox, waits for them, and closes all of that; call it exactly as
+    you would close a file (it is idempotent and shielded from cancellation).
+
+    The fds given to `spawn` stay the caller's: close your copies of the child's ends once
+    `spawn` returns, so that you see EOF when the command's tree is done with them."""
+
+    def __init__(self, sock: trio.socket.SocketType, proc: subprocess.Popen, errfile,
+                 wrapper_fd: int):
+        self._sock = sock
+        self._proc = proc
+        self._errfile = errfile
+        self._wrapper_fd = wrapper_fd
+        self._launcher_fd = -1
+        self._between_fds: list[int] = []  # e.g. bwrap's init in the pid namespace
+        self.info: dict = {}
+        self.host_pid = -1
+        self.wrapper_pid = proc.pid
+        self.alive = True
+        self._death: str | None = None
+        self._jobs: dict[int, Job] = {}
+        self._numbers = itertools.count(1)
+        self._pongs: dict[int, trio.Event] = {}
+        self._send_lock = trio.Lock()
+        self._acks_in, self._acks_out = trio.open_memory_channel[int](float("inf"))
+        self._scope = trio.CancelScope()
+        self._tasks_done = trio.Event()
+        self._closing = False
+        self._closed = trio.Event()
+
+    # ------------------------------------------------------------ start
+
+    @classmethod
+    async def start(cls, nursery: trio.Nursery, *, wrapper: list[str], env: dict[str, str],
+                    python: str = sys.executable, cwd: str = "/") -> Launcher:
+        """Start `wrapper + [python, -I, -S, launcher.py, FD]` and wait until the launcher says
+        it is ready. Raises LauncherError with the wrapper's own error text if it never does."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        errfile = tempfile.TemporaryFile(prefix="toolsd-launcher-", suffix=".err")
+        argv = [*wrapper, python, "-I", "-S", LAUNCHER_PY, str(theirs.fileno())]
+        try:
+            # Popen from the trio thread, not trio.lowlevel.open_process: bwrap's
+            # --die-with-parent fires when the *thread* that forked it exits, and trio's
+            # worker threads are retired when idle.
+            proc = subprocess.Popen(
+                argv, pass_fds=(theirs.fileno(),), start_new_session=True, env=env, cwd=cwd,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errfile)
+        except OSError as e:
+            ours.close()
+            errfile.close()
+            raise LauncherError(f"cannot start the sandbox launcher ({argv[0]}): {e.strerror}; "
+                                f"check that it is installed and the cwd {cwd!r} exists") from None
+        finally:
+            theirs.close()  # the launcher holds the only copy: its exit gives us EOF
+        self = cls(trio.socket.from_stdlib_socket(ours), proc, errfile, os.pidfd_open(proc.pid))
+        try:
+            with trio.fail_after(READY_TIMEOUT_S):
+                await self._receive_ready()
+        except trio.TooSlowError:
+            with trio.CancelScope(shield=True):
+                await self._force_end()
+                self._release()
+            raise LauncherError(f"the sandbox launcher did not say ready within "
+                                f"{READY_TIMEOUT_S:.0f} s; it was killed") from None
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._force_end()
+                self._release()
+            raise
+        nursery.start_soon(self._run)
+        return self
+
+    async def _receive_ready(self) -> None:
+        msg, fds = await self._recv()
+        try:
+            if msg is None or msg.get("op") != "ready" or not fds:
+                await self._wait_exits(CLEAN_EXIT_S)
+                raise LauncherError("the sandbox launcher did not start: " + self._stderr_text())
+            self.info = msg
+            self.host_pid = _host_pid(fds[0])
+            if self.host_pid == -1:
+                raise LauncherError("the sandbox launcher exited right after starting: "
+                                    + self._stderr_text())
+            self._launcher_fd = fds.pop(0)
+            self._between_fds = _pidfds_between(self.wrapper_pid, self.host_pid)
+        finally:
+            _close_all(fds)
+
+    def _stderr_text(self) -> str:
+        try:
+            self._errfile.seek(0)
+            text = self._errfile.read()[-4000:].decode(errors="replace").strip()
+        except (OSError, ValueError):
+            text = ""
+        code = self._proc.poll()
+        status = "still running" if code is None else f"exit status {code}"
+        return f"{text} ({status})" if text else f"no error output ({status})"
+
+    # ------------------------------------------------------------ channel
+
+    async def _recv(self) -> tuple[dict | None, list[int]]:
+        data, anc, flags, _ = await self._sock.recvmsg(MAX_MSG, ANC_SIZE,
+                                                       socket.MSG_CMSG_CLOEXEC)
+        fds: list[int] = []
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                arr = array.array("i")
+                arr.frombytes(payload[: len(payload) - len(payload) % arr.itemsize])
+                fds.extend(arr)
+        if not data:
+            _close_all(fds)
+            return None, []
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            msg = None
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or not isinstance(msg, dict):
+            _close_all(fds)
+            return {"op": "unreadable"}, []  # dropped; the launcher never sends such things
+        return msg, fds
+
+    async def _send(self, msg: dict, fds: Sequence[int] = ()) -> None:
+        data = json.dumps(msg, separators=(",", ":")).encode()
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        async with self._send_lock:
+            try:
+                await self._sock.sendmsg([data], anc)
+            except OSError as e:
+                if e.errno == errno.EMSGSIZE:
+                    raise LauncherError(f"the command and its environment are too large to "
+                                        f"send ({len(data)} bytes); shorten them") from None
+                self._mark_dead(f"the sandbox launcher's channel failed: {e}")
+                raise LauncherDied(self._death) from None
+
+    async def _run(self) -> None:
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_launcher)
+                    nursery.start_soon(self._send_acks)
+                    await self._read_loop()
+                    nursery.cancel_scope.cancel()
+        finally:
+            # Whatever ended the reader (aclose, the caller's nursery being cancelled), nobody
+            # will answer waiters any more: wake them with LauncherDied.
+            self._mark_dead("the sandbox launcher's channel is no longer read; close the "
+                            "session and open a new one")
+            self._tasks_done.set()
+
+    async def _watch_launcher(self) -> None:
+        # Unsandboxed, shims outlive a killed launcher and keep our socket open: its pidfd,
+        # not EOF, is what says it is gone.
+        await trio.lowlevel.wait_readable(self._launcher_fd)
+        self._mark_dead("the sandbox launcher exited (killed from inside the sandbox?); close "
+                        "the session and open a new one")
+
+    async def _send_acks(self) -> None:
+        # Acks go out from their own task so the reader never blocks on a send while the
+        # launcher blocks sending to us.
+        async for job in self._acks_out:
+            try:
+                await self._send({"op": "ack", "job": job})
+            except LauncherError:
+                return
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                msg, fds = await self._recv()
+            except OSError as e:
+                self._mark_dead(f"the sandbox launcher's channel failed: {e}")
+                return
+            if msg is None:
+                self._mark_dead("the sandbox launcher exited; close the session and open a new "
+                                "one")
+                return
+            try:
+                self._dispatch(msg, fds)
+            finally:
+                _close_all(fds)
+
+    def _dispatch(self, msg: dict, fds: list[int]) -> None:
+        op = msg.get("op")
+        if op == "pong":
+            event = self._pongs.pop(msg.get("n"), None)
+            if event is not None:
+                event.set()
+            return
+        job = self._jobs.get(msg.get("job"))
+        if job is None:
+            return  # e.g. the launcher's second word on a shim that already reported
+        if op == "started" and len(fds) >= 2 and job.pid == -1:
+            job.pid = _host_pid(fds[0])
+            job.shim_pid = _host_pid(fds[1])
+            job._started_at = time.time()
+            self._acks_in.send_nowait(job.job)
+            if job._abandoned:
+                try:
+                    signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            job._answered.set()
+        elif op == "error" and job.pid == -1:
+            job._error = str(msg.get("message") or "the launcher could not start the command")
+            del self._jobs[job.job]
+            job._answered.set()
+        elif op == "exited":
+            job.exit_code = msg.get("code")
+            job.signal = msg.get("signal")
+            job._reported = True
+            job.lost = False
+            job.exited.set()
+        elif op == "done":
+            del self._jobs[job.job]
+            job.done.set()
+
+    def _mark_dead(self, reason: str) -> None:
+        if self._death is not None:
+            return
+        self._death = reason
+        self.alive = False
+        for job in self._jobs.values():
+            if not job.exited.is_set():
+                job.lost = True
+                job.exited.set()
+            job.done.set()
+            job._answered.set()
+        for event in self._pongs.values():
+            event.set()
+
+    def _check_alive(self) -> None:
+        if self._death is not None:
+            raise LauncherDied(self._death)
+
+    # ------------------------------------------------------------ requests
+
+    async def spawn(self, argv: list[str], *, cwd: str, env: dict[str, str],
+                    stdin: int, stdout: int, stderr: int,
+                    rlimits: dict[str, tuple[int, int]] | None = None,
+                    extra_fds: Sequence[int] = ()) -> Job:
+        """Start `argv` in the sandbox, in its own session, with stdin/stdout/stderr and then
+        extra_fds as its fds 0, 1, 2, 3, ...; `argv[0]` is looked up on env's PATH. Returns
+        once the command runs. LauncherError says why it could not start."""
+        if not argv:
+            raise LauncherError("empty command: give at least the program to run")
+        self._check_alive()
+        job = Job(next(self._numbers), [str(a) for a in argv])
+        self._jobs[job.job] = job
+        msg = {"op": "spawn", "job": job.job, "argv": job.argv, "cwd": cwd, "env": dict(env),
+               "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()}}
+        try:
+            await self._send(msg, [stdin, stdout, stderr, *extra_fds])
+        except BaseException:
+            del self._jobs[job.job]  # never sent: nothing will answer for it
+            raise
+        try:
+            await job._answered.wait()
+        except BaseException:
+            # Cancelled after the request went out: the command may start anyway, with nobody
+            # left to stop it, so it is killed as soon as it does.
+            job._abandoned = True
+            if job.pid > 0:
+                try:
+                    os.killpg(job.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise
+        if job._error is not None:
+            raise LauncherError(job._error)
+        if job.pid == -1 and job.shim_pid == -1:
+            job._abandoned = True
+            raise LauncherDied(self._death or "the sandbox launcher died")
+        return job
+
+    async def ping(self) -> None:
+        """Round trip to the launcher; LauncherDied if it is gone."""
+        self._check_alive()
+        n = next(self._numbers)
+        event = self._pongs[n] = trio.Event()
+        try:
+            await self._send({"op": "ping", "n": n})
+            await event.wait()
+        finally:
+            self._pongs.pop(n, None)
+        self._check_alive()
+
+    # ------------------------------------------------------------ closing
+
+    async def aclose(self) -> None:
+        """End every process of the sandbox and release everything; idempotent, shielded."""
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        with trio.CancelScope(shield=True):
+            try:
+                died_before = self._death is not None
+                self._mark_dead("the sandbox launcher was closed")
+                self._scope.cancel()
+                await self._tasks_done.wait()
+                # EOF tells the launcher to kill its whole tree, reap it and exit: the clean
+                # way, which leaves no zombie for the host's init to collect.
+                self._sock.close()
+                if not await self._wait_exits(CLEAN_EXIT_S):
+                    await self._force_end()
+                leftovers = self._orphaned_shims() if died_before else []
+                if leftovers:
+                    await trio.to_thread.run_sync(_kill_shims, leftovers)
+            finally:
+                self._release()
+                self._closed.set()
+
+    async def _wait_exits(self, timeout_s: float) -> bool:
+        """Wait until the wrapper, the launcher and whatever runs between them (bwrap's init
+        of the pid namespace, which exits only once the namespace is empty) have exited."""
+        with trio.move_on_after(timeout_s):
+            for fd in (self._wrapper_fd, self._launcher_fd, *self._between_fds):
+                if fd != -1:
+                    await trio.lowlevel.wait_readable(fd)
+            self._proc.wait()
+            return True
+        return False
+
+    async def _force_end(self) -> None:
+        """The launcher did not end by itself (stopped, or hung): kill from the host. Its tree
+        first, while it is still alive to adopt orphans, then the wrapper, which takes the pid
+        namespace with it."""
+        if self._launcher_fd != -1:
+            await trio.to_thread.run_sync(
+                lambda: proctree.kill_tree(self.host_pid, grace_s=0, include_root=False))
+            try:
+                signal.pidfd_send_signal(self._launcher_fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self._proc.kill()
+        except ProcessLookupError:
+            pass
+        for fd in self._between_fds:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # Bounded only so that a process stuck in uninterruptible sleep cannot hang us.
+        await self._wait_exits(10.0)
+
+    def _orphaned_shims(self) -> list[int]:
+        """Shims of unfinished jobs that outlived the launcher (possible only unsandboxed,
+        where no pid namespace ends with it). A pid counts only if its process is a launcher
+        copy that existed when the job started, so a reused pid is never taken for a shim."""
+        shims = []
+        for job in self._jobs.values():
+            if job.shim_pid <= 0:
+                continue
+            try:
+                proc = psutil.Process(job.shim_pid)
+                if (LAUNCHER_PY in proc.cmdline()
+                        and proc.create_time() <= job._started_at + 0.05):
+                    shims.append(job.shim_pid)
+            except psutil.Error:
+                pass
+        return shims
+
+    def _release(self) -> None:
+        self._sock.close()
+        self._acks_in.close()
+        for fd in (self._launcher_fd, self._wrapper_fd, *self._between_fds):
+            if fd != -1:
+                trio.lowlevel.notify_closing(fd)
+                os.close(fd)
+        self._launcher_fd = self._wrapper_fd = -1
+        self._between_fds = []
+        self._errfile.close()
+
+
+def _kill_shims(shims: list[int]) -> None:
+    for shim in shims:
+        # A shim exits by itself once its tree is gone; kill it too in case it is stopped.
+        proctree.kill_tree(shim, grace_s=0, include_root=False)
+        proctree.kill_tree(shim, grace_s=0, include_root=True)
