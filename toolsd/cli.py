@@ -161,3 +161,5 @@ def cmd_exec(args) -> int:
     return result["exit_code"]
 from . import cli_image as _cli_image  # noqa: E402
 _extra_commands.append(_cli_image.add_parser)
+from . import cli_processes as _cli_processes  # noqa: E402
+_extra_commands.append(_cli_processes.add_parser)
