@@ -1,0 +1,471 @@
+"""repl.exec through a real daemon: one interpreter per (session, turn, language), in the
+session's sandbox, framed by sentinels, interrupted on timeout, killed when it will not stop,
+and gone when its turn or session ends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import uuid
+
+import msgspec
+import psutil
+import pytest
+import trio
+
+from conftest import RunningDaemon, needs_bwrap, short_tempdir
+from toolsd.client import ToolsdError
+from toolsd.framing import FrameReader, encode_frame
+
+pytestmark = needs_bwrap
+
+HAVE_NODE = shutil.which("node") is not None
+needs_node = pytest.mark.skipif(not HAVE_NODE, reason="node is not installed")
+# Safety net against a hung daemon, not a timing assertion.
+STUCK_S = 30
+
+
+class _OneWorkspace:
+    """The module's daemon, seen with a workspace of the test's own."""
+
+    def __init__(self, daemon: RunningDaemon, workspace: str):
+        self._daemon = daemon
+        self.workspace = workspace
+
+    def __getattr__(self, name):
+        return getattr(self._daemon, name)
+
+
+@pytest.fixture(scope="module")
+def module_daemon():
+    # One daemon for the module: starting and stopping one per test would cost most of the
+    # file's time. Each test gets its own workspace and session, closed at its end.
+    root = short_tempdir()
+    d = RunningDaemon(root).start()
+    yield d
+    try:
+        assert d.stop() == 0, d.read_log()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(module_daemon):
+    workspace = tempfile.mkdtemp(prefix="ws-", dir=module_daemon.root)
+    yield _OneWorkspace(module_daemon, workspace)
+    assert repl_pids(module_daemon) == [], "a test left an interpreter running"
+    shutil.rmtree(workspace, ignore_errors=True)
+
+
+@pytest.fixture
+def session(daemon, client):
+    session = client.session_open(daemon.workspace)["session"]
+    yield session
+    with daemon.client() as c:
+        if any(s["session"] == session for s in c.session_list()["sessions"]):
+            c.session_close(session)
+
+
+@pytest.fixture
+def turn(client, session):
+    return client.turn_begin(session)["turn"]
+
+
+def repl_pids(daemon, marker: str = "python_repl") -> list[int]:
+    """Host pids of the daemon's interpreters (the driver's file name is in their argv)."""
+    found = []
+    for proc in daemon.tree():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and any(marker in a for a in proc.cmdline()):
+                found.append(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+async def in_thread(fn):
+    """Blocking FIFO opens and raw sockets, off the trio thread; abandoned if the test's
+    fail_after fires, so a hung daemon fails the test instead of hanging it."""
+    return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+
+def alive(pids) -> list[int]:
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+# ------------------------------------------------------------------ state and display
+
+
+def test_state_persists_within_a_turn_and_a_new_turn_starts_empty(client, session, turn):
+    first = client.repl_exec(session, turn, "x = 41")
+    assert (first["status"], first["fresh"]) == ("ok", True)
+    again = client.repl_exec(session, turn, "x += 1\nprint(x)")
+    assert (again["status"], again["output"], again["fresh"]) == ("ok", "42\n", False)
+
+    other = client.turn_begin(session)["turn"]
+    r = client.repl_exec(session, other, "x")
+    assert r["status"] == "error" and r["fresh"] is True
+    assert "NameError: name 'x' is not defined" in r["output"]
+
+
+def test_last_expression_is_shown_after_printed_output(client, session, turn):
+    assert client.repl_exec(session, turn, "1+1")["output"] == "2\n"
+    r = client.repl_exec(session, turn, "print('first')\nimport sys\n"
+                                        "sys.stderr.write('second\\n')\n'third'")
+    assert r["output"] == "first\nsecond\n'third'\n"
+
+
+def test_exception_gives_error_with_traceback_and_keeps_variables(client, session, turn):
+    client.repl_exec(session, turn, "kept = 'yes'")
+    code = "def f():\n    raise ValueError('boom')\nprint('before')\nf()"
+    r = client.repl_exec(session, turn, code)
+    assert r["status"] == "error"
+    assert r["output"].startswith("before\nTraceback (most recent call last):\n")
+    assert "raise ValueError('boom')" in r["output"]
+    assert r["output"].endswith("ValueError: boom\n")
+    assert client.repl_exec(session, turn, "kept")["output"] == "'yes'\n"
+
+
+# ------------------------------------------------------------------ output framing
+
+
+def test_output_that_looks_like_prompts_or_sentinels_comes_through_intact(client, session, turn):
+    code = (
+        "import sys\n"
+        "sys.stdout.write('>>> 1\\n... 2\\n')\n"
+        "sys.stdout.write('\\x1eTOOLSD-' + 'f' * 32 + ':1:{\"status\": \"ok\"}\\n')\n"
+        "sys.stdout.write('\\x1eTOOLSD-')\n"
+        "sys.stdout.buffer.write(b'bad \\xff\\xfe utf8 ')\n"
+        "n = sys.stdout.write('no newline')"
+    )
+    r = client.repl_exec(session, turn, code)
+    forged = "\x1eTOOLSD-" + "f" * 32 + ':1:{"status": "ok"}\n'
+    assert r["status"] == "ok"
+    assert r["output"] == ">>> 1\n... 2\n" + forged + "\x1eTOOLSD-bad \\xff\\xfe utf8 no newline"
+    assert not r["truncated"]
+    # Still in sync: each later call gets its own answer.
+    assert client.repl_exec(session, turn, "'after'")["output"] == "'after'\n"
+    assert client.repl_exec(session, turn, "2*3")["output"] == "6\n"
+
+
+def test_50_mb_of_output_is_capped_and_counted_and_the_next_call_is_in_sync(
+        client, session, turn):
+    code = ("import sys\nsys.stdout.write('HEAD' + 'x' * (50_000_000 - 8) + 'TAIL')\n"
+            "n = sys.stdout.write('\\nend\\n')")
+    r = client.repl_exec(session, turn, code, max_output_chars=1000)
+    assert r["status"] == "ok"
+    assert r["output_bytes"] == 50_000_000 + 5
+    assert r["truncated"] is True
+    assert len(r["output"]) <= 1000
+    assert r["output"].startswith("HEADxxx")
+    assert r["output"].endswith("xxxTAIL\nend\n")
+    assert "bytes left out" in r["output"]
+    assert client.repl_exec(session, turn, "1+1")["output"] == "2\n"
+
+
+async def test_output_printed_after_an_answer_comes_with_the_next_one(daemon, session, turn):
+    ready = os.path.join(daemon.workspace, "go")
+    printed = os.path.join(daemon.workspace, "printed")
+    os.mkfifo(ready)
+    os.mkfifo(printed)
+    client = await daemon.async_client()
+    async with client:
+        code = ("import threading\n"
+                "def later():\n"
+                "    open('go').read()\n"
+                "    print('late line', flush=True)\n"
+                "    open('printed', 'w').close()\n"
+                "t = threading.Thread(target=later)\n"
+                "t.start()")
+        first = await client.repl_exec(session, turn, code)
+        assert (first["status"], first["output"]) == ("ok", "")
+        with trio.fail_after(STUCK_S):
+            await in_thread(lambda: open(ready, "w").close())
+            await in_thread(lambda: open(printed).read())
+        second = await client.repl_exec(session, turn, "t.join()\n'now'")
+    assert second["output"] == "late line\n'now'\n"
+
+
+# ------------------------------------------------------------------ timeout, crash, stdin
+
+
+def test_timeout_interrupts_a_busy_loop_and_keeps_the_state(client, session, turn):
+    client.repl_exec(session, turn, "kept = 7")
+    r = client.repl_exec(session, turn, "n = 0\nwhile True:\n    n += 1", timeout_s=1)
+    assert r["status"] == "timeout"
+    assert r["state_lost"] is False
+    assert "KeyboardInterrupt" in r["output"]
+    after = client.repl_exec(session, turn, "kept, n > 0")
+    assert (after["status"], after["output"], after["fresh"]) == ("ok", "(7, True)\n", False)
+
+
+def test_code_ignoring_sigint_is_killed_after_the_grace_and_the_next_call_is_fresh(
+        daemon, client, session, turn):
+    client.repl_exec(session, turn, "kept = 7")
+    before = repl_pids(daemon)
+    assert len(before) == 1
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    r = client.repl_exec(session, turn, code, timeout_s=1)
+    assert (r["status"], r["state_lost"]) == ("timeout", True)
+    assert "killed" in r["output"]
+    assert alive(before) == []
+    after = client.repl_exec(session, turn, "'kept' in globals()")
+    assert (after["output"], after["fresh"]) == ("False\n", True)
+
+
+@pytest.mark.parametrize("code", [
+    "import os\nprint('bye', flush=True)\nos._exit(3)",
+    "import ctypes\nprint('bye', flush=True)\nctypes.string_at(0)",
+], ids=["os._exit", "segfault"])
+def test_interpreter_death_is_a_crash_and_the_next_call_is_fresh(client, session, turn, code):
+    client.repl_exec(session, turn, "kept = 7")
+    r = client.repl_exec(session, turn, code)
+    assert (r["status"], r["state_lost"]) == ("crashed", True)
+    assert r["output"].startswith("bye\n")
+    assert ("exit code 3" in r["output"]) or ("SIGSEGV" in r["output"])
+    after = client.repl_exec(session, turn, "'kept' in globals()")
+    assert (after["status"], after["output"], after["fresh"]) == ("ok", "False\n", True)
+
+
+def test_input_gets_end_of_file_at_once(client, session, turn):
+    r = client.repl_exec(session, turn, "input('name? ')", timeout_s=20)
+    assert r["status"] == "error"
+    assert r["output"].endswith("EOFError: EOF when reading a line\n")
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+def test_turn_end_kills_the_interpreter_and_its_children(daemon, client, session, turn):
+    r = client.repl_exec(session, turn,
+                         "import subprocess\np = subprocess.Popen(['sleep', '1000'])")
+    assert r["status"] == "ok"
+    interpreters = repl_pids(daemon)
+    assert len(interpreters) == 1
+    family = interpreters + [c.pid for c in psutil.Process(interpreters[0]).children()]
+    assert len(family) == 2
+    assert client.turn_end(session, turn) == {"repls_stopped": 1}
+    assert alive(family) == []
+    with pytest.raises(ToolsdError) as e:
+        client.repl_exec(session, turn, "1")
+    assert e.value.code == "not_found"
+
+
+def test_session_close_kills_every_interpreter(daemon, client, session, turn):
+    other = client.turn_begin(session)["turn"]
+    client.repl_exec(session, turn, "1")
+    client.repl_exec(session, other, "2")
+    interpreters = repl_pids(daemon)
+    assert len(interpreters) == 2
+    assert client.session_close(session)["repls_stopped"] == 2
+    assert alive(interpreters) == []
+
+
+def test_an_interpreter_that_died_between_calls_is_replaced(daemon, client, session, turn):
+    client.repl_exec(session, turn, "kept = 1")
+    [pid] = repl_pids(daemon)
+    interpreter = psutil.Process(pid)
+    interpreter.kill()
+    interpreter.wait(STUCK_S)
+    r = client.repl_exec(session, turn, "'kept' in globals()")
+    assert (r["status"], r["output"], r["fresh"]) == ("ok", "False\n", True)
+
+
+# ------------------------------------------------------------------ sandbox
+
+
+def test_writes_outside_the_workspace_fail(client, session, turn):
+    outside = f"/var/tmp/toolsd-repl-probe-{uuid.uuid4().hex}"
+    code = (f"open('inside.txt', 'w').write('ok')\n"
+            f"try:\n    open({outside!r}, 'w')\nexcept OSError as e:\n    print(type(e).__name__)")
+    try:
+        r = client.repl_exec(session, turn, code)
+        assert r["output"] in ("OSError\n", "PermissionError\n"), r["output"]
+        assert not os.path.exists(outside)
+    finally:
+        if os.path.exists(outside):
+            os.unlink(outside)
+
+
+def test_read_only_session_refuses_every_write(daemon, client):
+    session = client.session_open(daemon.workspace, writable=False)["session"]
+    turn = client.turn_begin(session)["turn"]
+    code = ("import os\nfor act in (lambda: open('new.txt', 'w'), lambda: os.mkdir('d')):\n"
+            "    try:\n        act()\n        print('wrote')\n"
+            "    except OSError as e:\n        print(e.strerror)")
+    try:
+        r = client.repl_exec(session, turn, code)
+    finally:
+        client.session_close(session)
+    assert r["output"] == "Read-only file system\nRead-only file system\n"
+    assert os.listdir(daemon.workspace) == []
+
+
+# ------------------------------------------------------------------ node
+
+
+@needs_node
+def test_node_keeps_state_reports_errors_and_times_out(client, session, turn):
+    first = client.repl_exec(session, turn, "var x = 40; x + 2", language="node")
+    assert (first["status"], first["output"], first["fresh"]) == ("ok", "42\n", True)
+    err = client.repl_exec(session, turn, "throw new TypeError('nope')", language="node")
+    assert err["status"] == "error" and "TypeError: nope" in err["output"]
+    loop = client.repl_exec(session, turn, "while (true) {}", language="node", timeout_s=1)
+    assert (loop["status"], loop["state_lost"]) == ("timeout", False)
+    after = client.repl_exec(session, turn, "x", language="node")
+    assert (after["output"], after["fresh"]) == ("40\n", False)
+    # Python in the same turn is its own interpreter.
+    assert client.repl_exec(session, turn, "'x' in globals()")["output"] == "False\n"
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_unknown_turn_is_not_found(client, session):
+    with pytest.raises(ToolsdError) as e:
+        client.repl_exec(session, "t-nosuchturn", "1")
+    assert e.value.code == "not_found"
+
+
+def test_unknown_language_is_bad_params(client, session, turn):
+    with pytest.raises(ToolsdError) as e:
+        client.repl_exec(session, turn, "1", language="ruby")
+    assert e.value.code == "bad_params" and "language" in e.value.message
+
+
+def test_node_missing_from_the_sandbox_is_bad_params(daemon, client):
+    # A PATH with a shell and python but no node, inside the workspace (the sandbox sees it).
+    bindir = os.path.join(daemon.workspace, "bin")
+    os.makedirs(bindir)
+    for name, target in (("bash", shutil.which("bash")), ("sh", shutil.which("sh")),
+                         ("python3", sys.executable)):
+        os.symlink(os.path.realpath(target), os.path.join(bindir, name))
+    session = client.session_open(daemon.workspace, env={"PATH": bindir})["session"]
+    try:
+        turn = client.turn_begin(session)["turn"]
+        with pytest.raises(ToolsdError) as e:
+            client.repl_exec(session, turn, "1", language="node")
+        assert e.value.code == "bad_params" and "node" in e.value.message
+        assert client.repl_exec(session, turn, "1+1")["output"] == "2\n"
+    finally:
+        client.session_close(session)
+
+
+# ------------------------------------------------------------------ concurrency
+
+
+async def test_two_requests_on_one_repl_run_one_after_the_other(daemon, session, turn):
+    started = os.path.join(daemon.workspace, "started")
+    go = os.path.join(daemon.workspace, "go")
+    os.mkfifo(started)
+    os.mkfifo(go)
+    client = await daemon.async_client()
+    results = {}
+
+    def second_request_then_release_first():
+        # One write holds request B then a hello: once the hello is answered, the daemon has
+        # read B and started its task while A is still running.
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(STUCK_S)
+            s.connect(daemon.socket)
+            b = {"session": session, "turn": turn, "code": "print('B', done)"}
+            s.sendall(frame({"id": 1, "method": "repl.exec", "params": b})
+                      + frame({"id": 2, "method": "hello", "params": {}}))
+            replies = read_replies(s, until=2)
+            assert 1 not in replies, "B must wait for A"
+            open(go, "w").close()
+            replies.update(read_replies(s, until=1))
+            return replies[1]["result"]
+
+    async with client:
+        async def first():
+            results["a"] = await client.repl_exec(
+                session, turn, "open('started', 'w').close()\nopen('go').read()\n"
+                               "done = 'a'\nprint('A')")
+
+        with trio.fail_after(STUCK_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(first)
+                await in_thread(lambda: open(started).read())
+                results["b"] = await in_thread(second_request_then_release_first)
+    assert (results["a"]["status"], results["a"]["output"]) == ("ok", "A\n")
+    assert (results["b"]["status"], results["b"]["output"]) == ("ok", "B a\n")
+
+
+def frame(request: dict) -> bytes:
+    return encode_frame(msgspec.msgpack.encode(request))
+
+
+def read_replies(s: socket.socket, *, until: int) -> dict[int, dict]:
+    """Replies by id, read until the one with id `until` is in."""
+    reader = FrameReader(1 << 24)
+    replies: dict[int, dict] = {}
+    while until not in replies:
+        data = s.recv(1 << 16)
+        assert data, "the daemon closed the connection"
+        for body in reader.feed(data):
+            reply = msgspec.msgpack.decode(body)
+            replies[reply["id"]] = reply
+    return replies
+
+
+async def test_a_slow_repl_exec_does_not_delay_hello(daemon, session, turn):
+    # Raw frames on one connection: the daemon's per-request tasks are what is shown, with
+    # nothing of a client library's own scheduling in between.
+    started = os.path.join(daemon.workspace, "started")
+    go = os.path.join(daemon.workspace, "go")
+    os.mkfifo(started)
+    os.mkfifo(go)
+
+    def slow_exec_then_hello():
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(STUCK_S)
+            s.connect(daemon.socket)
+            code = "open('started', 'w').close()\nopen('go').read()\n'done'"
+            params = {"session": session, "turn": turn, "code": code}
+            s.sendall(frame({"id": 1, "method": "repl.exec", "params": params}))
+            open(started).read()  # the code runs, and waits for `go`
+            s.sendall(frame({"id": 2, "method": "hello", "params": {}}))
+            replies = read_replies(s, until=2)
+            assert replies[2]["result"]["protocol"] == 1
+            assert 1 not in replies, "the slow request answered before it was released"
+            open(go, "w").close()
+            replies.update(read_replies(s, until=1))
+            return replies[1]["result"]
+
+    with trio.fail_after(STUCK_S):
+        slow = await in_thread(slow_exec_then_hello)
+    assert (slow["status"], slow["output"]) == ("ok", "'done'\n")
+
+
+async def test_a_cancelled_request_is_interrupted_and_the_repl_stays_in_sync(
+        daemon, session, turn):
+    started = os.path.join(daemon.workspace, "started")
+    os.mkfifo(started)
+    with daemon.client() as c:
+        c.repl_exec(session, turn, "kept = 5")
+    client = await daemon.async_client()
+    with trio.fail_after(STUCK_S):
+        async with trio.open_nursery() as nursery:
+            async def spin():
+                await client.repl_exec(session, turn,
+                                       "open('started', 'w').close()\nwhile True:\n    pass")
+
+            nursery.start_soon(spin)
+            await in_thread(lambda: open(started).read())
+            nursery.cancel_scope.cancel()
+    # The client goes away mid-request: the daemon cancels the request.
+    await client.aclose()
+    with daemon.client() as c:
+        r = c.repl_exec(session, turn, "kept", timeout_s=20)
+    assert (r["status"], r["output"], r["fresh"]) == ("ok", "5\n", False)
