@@ -163,3 +163,5 @@ from . import cli_image as _cli_image  # noqa: E402
 _extra_commands.append(_cli_image.add_parser)
 from . import cli_processes as _cli_processes  # noqa: E402
 _extra_commands.append(_cli_processes.add_parser)
+from . import cli_repl as _cli_repl  # noqa: E402
+_extra_commands.append(_cli_repl.add_parser)
