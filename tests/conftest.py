@@ -79,9 +79,30 @@ class RunningDaemon:
         finally:
             self.proc.stdout.close()
             self.log.close()
-        gone, alive = psutil.wait_procs(left, timeout=10)
+        alive = wait_gone(left, timeout=10)
         assert not alive, f"toolsd left processes behind: {alive}"
         return code
+
+
+def has_ended(proc: psutil.Process) -> bool:
+    # A zombie has ended: it only waits for its parent to collect it (for bwrap's pid 1, the
+    # host's init, which may take a second).
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait (bounded) for every process to end; returns those still alive."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if not has_ended(p)]
+    while alive and time.monotonic() < deadline:
+        psutil.wait_procs(alive, timeout=0.05)
+        alive = [p for p in alive if not has_ended(p)]
+    return alive
 
 
 def short_tempdir() -> str:

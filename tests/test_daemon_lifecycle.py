@@ -59,3 +59,16 @@ def test_status_command_shows_sandbox_and_sessions(daemon, client):
     assert "sandbox:" in out.stdout
     assert "sessions: 1" in out.stdout
     assert daemon.workspace in out.stdout
+
+
+def test_second_daemon_on_the_same_state_folder_refuses(daemon):
+    other_socket = os.path.join(daemon.root, "other", "t.sock")
+    second = subprocess.run(
+        [sys.executable, "-m", "toolsd", "serve", "--socket", other_socket,
+         "--state-dir", daemon.state_dir],
+        capture_output=True, text=True, timeout=60, env=daemon.env)
+    assert second.returncode != 0
+    assert "in use by another toolsd" in second.stderr
+    assert not os.path.exists(other_socket)
+    with daemon.client() as c:
+        assert c.hello()["protocol"] == 1

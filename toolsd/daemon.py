@@ -16,6 +16,7 @@ import trio
 
 from . import server
 from .paths import ensure_private_dir
+from .state import StateInUse
 from .supervisor import Config, Supervisor, probe_bwrap
 
 log = logging.getLogger("toolsd")
@@ -59,7 +60,12 @@ async def _main(config: Config, bwrap, why_not: str, announce) -> None:
         raise StartupError(str(e)) from None
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            supervisor = Supervisor(config, nursery, bwrap, why_not)
+            try:
+                supervisor = Supervisor(config, nursery, bwrap, why_not)
+            except StateInUse as e:
+                sock.close()
+                _unlink(config.socket_path)
+                raise StartupError(str(e)) from None
             # Connections live in the accepting nursery: cancelling it stops accepting and
             # cancels every in-flight request (sessions are the supervisor's, not theirs).
             async with trio.open_nursery() as accepting:

@@ -294,8 +294,27 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
     proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file)
     supervisor.processes[process_id] = proc
     session.processes[process_id] = proc
+    forget_oldest_finished(supervisor)
     session.nursery.start_soon(proc.watch, read_fd)
     return ProcessStartResult(id=process_id, pid=job.pid)
+
+
+# Finished processes are remembered (status, last output) so that a stale id gets its final
+# status; past this many, the oldest finished ones are forgotten and their ids are not_found.
+MAX_REMEMBERED = 1000
+
+
+def forget_oldest_finished(supervisor) -> None:
+    excess = len(supervisor.processes) - MAX_REMEMBERED
+    if excess <= 0:
+        return
+    for process_id, proc in list(supervisor.processes.items()):
+        if excess <= 0:
+            break
+        if not proc.running and proc.output_done.is_set():
+            del supervisor.processes[process_id]
+            proc.session.processes.pop(process_id, None)
+            excess -= 1
 
 
 async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutputResult:

@@ -6,18 +6,40 @@ the background processes' log files.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 
 from .paths import ensure_private_dir
+
+
+class StateInUse(Exception):
+    pass
 
 
 class StateDir:
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
         ensure_private_dir(self.path)
-        ensure_private_dir(self.logs)
-        ensure_private_dir(self.scratch)
+        self._lock_fd = self._lock()
+        # Logs and scratch folders of a previous daemon (killed, so it could not clean up):
+        # its processes died with it (--die-with-parent), and new ids never name them again.
+        for folder in (self.logs, self.scratch):
+            shutil.rmtree(folder, ignore_errors=True)
+            ensure_private_dir(folder)
         self._counters: dict[str, int] = {}
+
+    def _lock(self) -> int:
+        """One daemon per state folder: two sharing counters would hand out the same ids."""
+        fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StateInUse(f"the state folder {self.path} is in use by another toolsd; "
+                             f"give this one its own --state-dir") from None
+        return fd
 
     @property
     def logs(self) -> str:
