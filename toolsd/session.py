@@ -16,7 +16,7 @@ import uuid
 
 import trio
 
-from . import sandbox
+from . import cgroups, sandbox
 from .launcher import Launcher, LauncherError
 from .protocol import BAD_PARAMS, NOT_FOUND, SANDBOX_UNAVAILABLE, SESSION_CLOSED, ToolsdError
 
@@ -73,6 +73,7 @@ class Session:
         self.processes: dict = {}  # bgN -> BackgroundProcess
         self.closed = False
         self.launcher: Launcher | None = None
+        self.cgroup: cgroups.PidsCgroup | None = None
         self.nursery: trio.Nursery | None = None
         self._close_done = trio.Event()
         self._stop = trio.Event()
@@ -107,14 +108,21 @@ class Session:
         )
 
     def wrapper(self) -> list[str]:
+        prefix = self.cgroup.join_argv() if self.cgroup else []
         if self.supervisor.bwrap is None:
-            return []
-        return sandbox.bwrap_argv(self.policy(), bwrap=self.supervisor.bwrap)
+            return prefix
+        return prefix + sandbox.bwrap_argv(self.policy(), bwrap=self.supervisor.bwrap)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The session's task. Reports a start failure through `task_status.started(error)`
         rather than raising it, so the caller gets one plain ToolsdError."""
         os.makedirs(self.scratch, mode=0o700, exist_ok=True)
+        if self.supervisor.cgroup_root:
+            try:
+                self.cgroup = cgroups.PidsCgroup.create(
+                    self.supervisor.cgroup_root, self.id, self.limits.pids)
+            except OSError as e:
+                log.warning("session %s: no pids cgroup (%s); RLIMIT_NPROC only", self.id, e)
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
@@ -138,6 +146,8 @@ class Session:
             with trio.CancelScope(shield=True):
                 if self.launcher is not None:
                     await self.launcher.aclose()
+                if self.cgroup is not None:
+                    self.cgroup.remove()
                 await trio.to_thread.run_sync(shutil.rmtree, self.scratch, True)
 
     async def close(self):

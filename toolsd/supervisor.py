@@ -17,7 +17,7 @@ import time
 
 import trio
 
-from . import __version__
+from . import __version__, cgroups
 from .protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
 from .sandbox import Limits
 from .state import StateDir
@@ -68,6 +68,12 @@ class Supervisor:
         self.closing = False
         self.host_shells = [s for s in ("bash", "sh") if shutil.which(s)]
         self.host_languages = ["python"] + (["node"] if shutil.which("node") else [])
+        self.cgroup_root, why_no_cgroup = cgroups.find_root()
+        if self.cgroup_root is None:
+            log.warning("sessions' process counts are limited by RLIMIT_NPROC only, which does "
+                        "not bind root: %s", why_no_cgroup)
+        else:
+            cgroups.remove_stale(self.cgroup_root)
 
     @property
     def sandbox_kind(self) -> str:

@@ -1,0 +1,52 @@
+"""Session limits: memory, file size, CPU time, and process count (a fork bomb)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import needs_bwrap
+from toolsd import cgroups
+
+
+def test_memory_limit(daemon, client):
+    s = client.session_open(daemon.workspace, limits={"memory_mb": 512})["session"]
+    r = client.shell_run(s, "python3 -c 'x = bytearray(1024**3)'")
+    assert r["exit_code"] != 0
+    assert "MemoryError" in r["output"]
+    ok = client.shell_run(s, "python3 -c 'x = bytearray(64 * 1024**2); print(len(x))'")
+    assert ok["output"] == f"{64 * 1024**2}\n"
+
+
+def test_file_size_limit(daemon, client):
+    s = client.session_open(daemon.workspace, limits={"file_mb": 1})["session"]
+    r = client.shell_run(s, "head -c 3000000 /dev/zero > big.bin; echo rc=$?; wc -c < big.bin")
+    assert "rc=153" in r["output"]  # SIGXFSZ
+    assert r["output"].strip().endswith("1048576")
+
+
+def test_cpu_limit(daemon, client):
+    s = client.session_open(daemon.workspace, limits={"cpu_s": 1})["session"]
+    r = client.shell_run(s, "while :; do :; done", timeout_s=60)
+    assert not r["timed_out"]
+    assert r["signal"] in ("SIGKILL", "SIGXCPU")
+
+
+@needs_bwrap
+@pytest.mark.skipif(cgroups.find_root()[0] is None,
+                    reason="no writable pids cgroup on this machine: " + cgroups.find_root()[1])
+def test_fork_bomb_is_contained(daemon, client):
+    s = client.session_open(daemon.workspace, limits={"pids": 40})["session"]
+    # First make sure the limit is really there (RLIMIT_NPROC does not bind root: without the
+    # cgroup this bomb would take the machine, not fail the test).
+    launchers = [p for p in daemon.tree() if "driver/launcher.py" in " ".join(p.cmdline())]
+    assert launchers
+    for p in launchers:
+        with open(f"/proc/{p.pid}/cgroup") as f:
+            assert f"{cgroups.PREFIX}{daemon.proc.pid}/{s}" in f.read()
+    r = client.shell_run(s, "bomb() { bomb | bomb & }; bomb; sleep 2", timeout_s=20)
+    assert "Resource temporarily unavailable" in r["output"]
+    # The daemon, the session and the machine are fine afterwards.
+    assert client.shell_run(s, "echo alive")["output"] == "alive\n"
+    assert client.hello()["protocol"] == 1
+    client.session_close(s)
+    assert [p for p in daemon.tree() if p.is_running()] == []
