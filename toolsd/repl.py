@@ -114,7 +114,13 @@ class Repl:
 
     async def execute(self, session, p: ReplExecParams) -> ReplExecResult:
         started = time.monotonic()
-        async with self._lock:
+        # An uncontended lock is taken without a trip through trio's scheduler (about 10 us
+        # on a slow machine, against some 200 us for the whole driver round trip).
+        if self._lock.locked():
+            await self._lock.acquire()
+        else:
+            self._lock.acquire_nowait()
+        try:
             if self.closed:
                 raise ToolsdError(NOT_FOUND, f"turn {self.turn_id} has ended; start a new one "
                                   f"with turn.begin")
@@ -129,6 +135,8 @@ class Repl:
             out = HeadTail(p.max_output_chars)
             late_dropped = self._take_late(out)
             status, state_lost, notice = await self._run(interp, p, out)
+        finally:
+            self._lock.release()
         output, truncated = _render(out, notice)
         return ReplExecResult(
             status=status,

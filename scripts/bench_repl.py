@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""The persistent REPL: what one repl.exec costs next to the usual ways of running Python from
+an agent, and what loading data once saves. Every figure is measured in the same run as its
+anchors.
+
+Run: .venv/bin/python scripts/bench_repl.py   (scripts/bench.py runs it as a section)
+Needs the bench extra (jupyter_client, ipykernel): pip install -e '.[bench]'; without them
+the jupyter line says so and the rest still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench import ms, report, running_daemon, stats, timed, us  # noqa: E402
+
+from toolsd.client import Client  # noqa: E402
+from toolsd.sentinel import SentinelScanner  # noqa: E402
+
+# The interpreter binary itself, not a version manager's shim in front of it: every anchor
+# and the sandboxed REPL then run the same Python.
+PYTHON = os.path.realpath(sys.executable)
+DRIVER = os.path.join(ROOT, "driver", "python_repl.py")
+
+ROUND_TRIPS = 2000
+JUPYTER_ROUND_TRIPS = 300
+SLOW_ROUND_TRIPS = 30  # replwrap and python3 -c take milliseconds each
+
+CSV_ROWS = 200_000
+QUERIES = 20
+LOAD = ("import csv\n"
+        "with open('data.csv', newline='') as f:\n"
+        "    rows = [(int(r[0]), r[1], float(r[2])) for r in csv.reader(f)]")
+QUERY = "round(sum(a for _, c, a in rows if c == 'city{}'), 2)"
+
+
+# ------------------------------------------------------------------ round trip
+
+
+def bench_repl() -> None:
+    with running_daemon() as (sock, root, _proc):
+        workspace = os.path.join(root, "ws")
+        os.makedirs(workspace)
+        with Client(sock) as c:
+            session = c.session_open(workspace)["session"]
+            turn = c.turn_begin(session)["turn"]
+            c.repl_exec(session, turn, "x = 0")  # the interpreter's start is not a round trip
+            median, p90 = stats(timed(lambda: c.repl_exec(session, turn, "x = 1"),
+                                      ROUND_TRIPS, warmup=200))
+            c.session_close(session)
+    bare_median, bare_p90 = stats(bare_pipe_round_trips(ROUND_TRIPS))
+    report('repl.exec("x = 1") round trip, median', us(median),
+           anchor=f"bare pipe to the driver {us(bare_median)}", ratio=median / bare_median,
+           target="< 150 us")
+    report('repl.exec("x = 1") round trip, p90', us(p90),
+           anchor=f"bare pipe to the driver {us(bare_p90)}", ratio=p90 / bare_p90)
+
+    jupyter = jupyter_round_trips(JUPYTER_ROUND_TRIPS)
+    if jupyter is None:
+        report("jupyter_client + ipykernel, execute to idle", "not installed",
+               anchor="pip install -e '.[bench]'")
+    else:
+        j_median, _ = stats(jupyter)
+        report("jupyter_client + ipykernel, execute to idle, median", ms(j_median),
+               anchor=f"toolsd {us(median)}", ratio=j_median / median,
+               target="ratio >= 20")
+    rw_median, _ = stats(replwrap_round_trips(SLOW_ROUND_TRIPS))
+    report("pexpect replwrap (python), median", ms(rw_median),
+           anchor=f"toolsd {us(median)}", ratio=rw_median / median)
+    pc_median, _ = stats(python_c_round_trips(SLOW_ROUND_TRIPS))
+    report("python3 -c per call, median", ms(pc_median),
+           anchor=f"toolsd {us(median)}", ratio=pc_median / median)
+
+
+def bare_pipe_round_trips(n: int) -> list[float]:
+    """The driver on plain pipes, no daemon, no sandbox: the floor under repl.exec."""
+    uuid = "0" * 32
+    cmd_r, cmd_w = os.pipe()
+    out_r, out_w = os.pipe()
+    # close_fds=False so the fd 3 made in the child survives; our other fds are
+    # close-on-exec (PEP 446).
+    proc = subprocess.Popen([PYTHON, DRIVER], stdin=subprocess.DEVNULL, stdout=out_w,
+                            stderr=out_w, close_fds=False,
+                            preexec_fn=lambda: os.dup2(cmd_r, 3))
+    os.close(cmd_r)
+    os.close(out_w)
+    os.write(cmd_w, uuid.encode() + b"\n")
+    scanner = SentinelScanner(uuid)
+    seq = 0
+    line = json.dumps("x = 1").encode() + b"\n"
+
+    def one():
+        nonlocal seq
+        seq += 1
+        scanner.expect(seq)
+        os.write(cmd_w, line)
+        while True:
+            _out, sentinel = scanner.feed(os.read(out_r, 65536))
+            if sentinel is not None:
+                return
+
+    try:
+        return timed(one, n, warmup=200)
+    finally:
+        os.close(cmd_w)  # end of commands: the driver exits
+        proc.wait(timeout=30)
+        os.close(out_r)
+
+
+def jupyter_round_trips(n: int) -> list[float] | None:
+    try:
+        from jupyter_client.manager import KernelManager
+    except ImportError:
+        return None
+    # IPC transport: jupyter's fastest local setup (and no warning about plain TCP).
+    km = KernelManager(kernel_name="python3", transport="ipc")
+    km.start_kernel(stderr=subprocess.DEVNULL)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        return timed(lambda: kc.execute_interactive("x = 1", timeout=30), n, warmup=20)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def replwrap_round_trips(n: int) -> list[float]:
+    from pexpect import replwrap
+
+    repl = replwrap.python(PYTHON)
+    try:
+        # replwrap as it comes: pexpect waits delaybeforesend (50 ms) before each send.
+        return timed(lambda: repl.run_command("x = 1"), n, warmup=3)
+    finally:
+        repl.child.close(force=True)
+
+
+def python_c_round_trips(n: int) -> list[float]:
+    return timed(lambda: subprocess.run([PYTHON, "-c", "x = 1"], check=True), n, warmup=3)
+
+
+# ------------------------------------------------------------------ load once, query many
+
+
+def bench_load_once() -> None:
+    with running_daemon() as (sock, root, _proc):
+        workspace = os.path.join(root, "ws")
+        os.makedirs(workspace)
+        write_csv(os.path.join(workspace, "data.csv"), CSV_ROWS)
+        with Client(sock) as c:
+            session = c.session_open(workspace)["session"]
+            turn = c.turn_begin(session)["turn"]
+            started = time.perf_counter()
+            loaded = c.repl_exec(session, turn, LOAD, timeout_s=300)
+            load_s = time.perf_counter() - started
+            assert loaded["status"] == "ok", loaded["output"]
+            repl_answers = []
+            query_times = []
+            for i in range(QUERIES):
+                t = time.perf_counter()
+                r = c.repl_exec(session, turn, QUERY.format(i))
+                query_times.append(time.perf_counter() - t)
+                repl_answers.append(r["output"].strip())
+            repl_s = load_s + sum(query_times)
+
+            # The sandbox's python3 itself (what the REPL runs on), not a shim in front of it.
+            python = c.shell_run(session, "python3 -c 'import sys; print(sys.executable)'")
+            python = python["output"].strip()
+            shell_answers = []
+            started = time.perf_counter()
+            for i in range(QUERIES):
+                script = f"{LOAD}\nprint({QUERY.format(i)})"
+                r = c.shell_run(session, f"{python} -c {shell_quote(script)}", timeout_s=300)
+                assert r["exit_code"] == 0, r["output"]
+                shell_answers.append(r["output"].strip())
+            shell_s = time.perf_counter() - started
+            c.session_close(session)
+    if repl_answers != shell_answers:
+        raise SystemExit(f"the two ways disagree: {repl_answers} vs {shell_answers}")
+    q_median, _ = stats(query_times)
+    report(f"load {CSV_ROWS:,} CSV rows once, {QUERIES} repl.exec queries", ms(repl_s),
+           anchor=f"{QUERIES} shell.run python3 -c reloading {ms(shell_s)}",
+           ratio=shell_s / repl_s)
+    report("  of which the load (interpreter start included)", ms(load_s),
+           anchor=f"one query {ms(q_median)}")
+
+
+def write_csv(path: str, rows: int) -> None:
+    rng = random.Random(4)
+    with open(path, "w") as f:
+        for i in range(rows):
+            f.write(f"{i},city{rng.randrange(50)},{rng.uniform(0, 1000):.2f}\n")
+
+
+def shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+if __name__ == "__main__":
+    print(f"toolsd bench on {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    bench_repl()
+    bench_load_once()
