@@ -133,6 +133,9 @@ def test_exception_gives_error_with_traceback_and_keeps_variables(client, sessio
     assert r["output"].startswith("before\nTraceback (most recent call last):\n")
     assert "raise ValueError('boom')" in r["output"]
     assert r["output"].endswith("ValueError: boom\n")
+    # KeyboardInterrupt raised by the code itself is its error, not a timeout.
+    r = client.repl_exec(session, turn, "raise KeyboardInterrupt")
+    assert (r["status"], r["state_lost"]) == ("error", False)
     assert client.repl_exec(session, turn, "kept")["output"] == "'yes'\n"
 
 

@@ -132,6 +132,11 @@ class Repl:
                 session.check_open()
                 interp = self._interp = await _Interpreter.start(session, self.argv,
                                                                  self._late_feed)
+                if self.closed:
+                    # The turn ended while the interpreter started: aclose did not see it.
+                    await interp.kill()
+                    raise ToolsdError(NOT_FOUND, f"turn {self.turn_id} ended while its "
+                                      f"interpreter started; start a new turn")
             out = HeadTail(p.max_output_chars)
             late_dropped = self._take_late(out)
             status, state_lost, notice = await self._run(interp, p, out)
@@ -172,8 +177,9 @@ class Repl:
         if interp.sentinel is None:
             await interp.drain()
         if interp.sentinel is not None:
-            status = interp.sentinel.status.get("status")
-            return ("error" if status == "error" else "ok"), False, ""
+            # "interrupted" without our SIGINT: the code raised KeyboardInterrupt itself.
+            ok = interp.sentinel.status.get("status") == "ok"
+            return ("ok" if ok else "error"), False, ""
         await interp.kill()
         return "crashed", True, (f"[the {self.language} interpreter died ({interp.how_it_ended()})"
                                  f"; its state is lost and the next call starts a fresh one]")
