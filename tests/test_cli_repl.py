@@ -36,8 +36,13 @@ def interpreter_pids(daemon, marker: str) -> list[int]:
 
 
 def gone(pids) -> bool:
-    _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
-                                 timeout=STUCK_S)
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=STUCK_S)
     return not alive
 
 
