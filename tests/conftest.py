@@ -69,6 +69,17 @@ class RunningDaemon:
         except psutil.NoSuchProcess:
             return []
 
+    def running(self, text: str) -> list[psutil.Process]:
+        """Live processes of the daemon's tree whose command line contains `text`."""
+        found = []
+        for p in self.tree():
+            try:
+                if not has_ended(p) and text in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.Error:
+                pass  # ended while we looked
+        return found
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0

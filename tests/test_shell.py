@@ -13,7 +13,7 @@ import psutil
 import pytest
 import trio
 
-from conftest import needs_bwrap
+from conftest import needs_bwrap, wait_gone
 from toolsd.client import ToolsdError
 
 
@@ -63,8 +63,7 @@ def test_background_child_does_not_hold_the_call(daemon, client, session):
     assert r["output"] == "started\n"
     assert not r["timed_out"]
     assert r["orphans_ended"] == 1
-    assert not any("sleep 1000" in " ".join(p.cmdline()) for p in daemon.tree()
-                   if p.is_running())
+    assert not daemon.running("sleep 1000")
 
 
 def test_setsid_double_fork_leftover_is_ended(daemon, client, session):
@@ -77,7 +76,7 @@ def test_setsid_double_fork_leftover_is_ended(daemon, client, session):
     r = client.shell_run(session, f"python3 -c '{code}' > /dev/null; echo parent done")
     assert r["output"] == "parent done\n"
     assert r["orphans_ended"] >= 1
-    assert not [p for p in daemon.tree() if "time.sleep(1000)" in " ".join(p.cmdline())]
+    assert not daemon.running("time.sleep(1000)")
 
 
 def test_timeout_ends_the_whole_tree(daemon, client, session):
@@ -85,8 +84,7 @@ def test_timeout_ends_the_whole_tree(daemon, client, session):
     assert r["timed_out"]
     assert r["output"] == "before\n"
     assert r["exit_code"] is None
-    left = [p for p in daemon.tree() if "sleep" in " ".join(p.cmdline())]
-    assert left == []
+    assert daemon.running("sleep") == []
 
 
 def test_flood_is_capped_and_counted(daemon, client, session):
@@ -161,7 +159,7 @@ def test_session_env_with_non_string_value(daemon, client):
 def test_closed_session_refuses_and_leaves_nothing(daemon, client, session):
     client.process_start(session, "sleep 1000")
     client.shell_run(session, "true")
-    assert any("sleep" in " ".join(p.cmdline()) for p in daemon.tree())
+    assert daemon.running("sleep")
     closed = client.session_close(session)
     assert closed["processes_stopped"] == 1
     with pytest.raises(ToolsdError) as e:
@@ -193,12 +191,12 @@ async def test_cancel_ends_the_command_and_answers_cancelled(daemon):
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(long_call)
-            while not any("sleep" in " ".join(p.cmdline()) for p in daemon.tree()):
+            while not daemon.running("sleep"):
                 await trio.sleep(0.05)
             # The client numbers requests from 1: session.open was 1, shell.run is 2.
             await client.call("cancel", request=2)
         assert result["code"] == "cancelled"
-        assert not [p for p in daemon.tree() if "sleep" in " ".join(p.cmdline())]
+        assert not daemon.running("sleep")
 
 
 def test_client_disconnect_cancels_its_runs_but_not_the_session(daemon, client, session):
@@ -207,11 +205,10 @@ def test_client_disconnect_cancels_its_runs_but_not_the_session(daemon, client, 
     body = msgspec.msgpack.encode({"id": 1, "method": "shell.run",
                                    "params": {"session": session, "command": "sleep 1000"}})
     s.sendall(struct.pack(">I", len(body)) + body)
-    while not any("sleep" in " ".join(p.cmdline()) for p in daemon.tree()):
+    while not daemon.running("sleep"):
         pass
     s.close()
-    psutil.wait_procs([p for p in daemon.tree() if "sleep" in " ".join(p.cmdline())], timeout=10)
-    assert not [p for p in daemon.tree() if "sleep" in " ".join(p.cmdline())]
+    assert wait_gone(daemon.running("sleep"), timeout=10) == []
     assert client.shell_run(session, "echo still here")["output"] == "still here\n"
 
 

@@ -167,7 +167,8 @@ class AsyncClient(_Methods):
         self._io = backend
         self._proto = _Protocol()
         self._send_lock = backend.lock()
-        self._read_lock = backend.lock()
+        self._reading = False
+        self._arrived = backend.event()
 
     @classmethod
     async def connect(cls, socket_path: str | None = None) -> AsyncClient:
@@ -179,14 +180,21 @@ class AsyncClient(_Methods):
         request_id, frame = self._proto.request(method, params)
         async with self._send_lock:
             await self._io.send_all(frame)
-        # Whoever holds the read lock reads one chunk and lets go; the locks are FIFO, so a
-        # task whose reply came in someone else's chunk gets its turn at once and a slow
-        # request never holds up a fast one.
-        while True:
-            async with self._read_lock:
-                if request_id in self._proto.replies:
-                    return self._proto.take(request_id)
+        # One task at a time reads; after each chunk it wakes every waiter, and a waiter whose
+        # reply is not in yet becomes the next reader if nobody is reading. So a reply that
+        # came in someone else's chunk is never stuck behind a read for a slower request.
+        while request_id not in self._proto.replies:
+            if self._reading:
+                await self._arrived.wait()
+                continue
+            self._reading = True
+            try:
                 self._proto.feed(await self._io.receive_some())
+            finally:
+                self._reading = False
+                arrived, self._arrived = self._arrived, self._io.event()
+                arrived.set()
+        return self._proto.take(request_id)
 
     async def aclose(self) -> None:
         await self._io.aclose()
@@ -233,6 +241,9 @@ class _TrioBackend(_Backend):
     def lock(self):
         return self._trio.Lock()
 
+    def event(self):
+        return self._trio.Event()
+
     async def send_all(self, data: bytes) -> None:
         try:
             await self.stream.send_all(data)
@@ -264,6 +275,9 @@ class _AsyncioBackend(_Backend):
 
     def lock(self):
         return self._asyncio.Lock()
+
+    def event(self):
+        return self._asyncio.Event()
 
     async def send_all(self, data: bytes) -> None:
         try:
