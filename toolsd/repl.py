@@ -66,8 +66,32 @@ async def execute(session, p: ReplExecParams) -> ReplExecResult:
     repl = turn.repls.get(p.language)
     if repl is None:
         argv = interpreter_argv(session.launcher.info, p.language)
-        repl = turn.repls[p.language] = Repl(p.language, argv, turn.id)
+        if p.language == "python" and session.launcher.info.get("python3"):
+            argv[0] = await python_executable(session, argv[0])
+        repl = turn.repls.get(p.language)  # another call may have made it meanwhile
+        if repl is None:
+            repl = turn.repls[p.language] = Repl(p.language, argv, turn.id)
     return await repl.execute(session, p)
+
+
+async def python_executable(session, python3: str) -> str:
+    """The real interpreter behind the sandbox's `python3`, asked once per session. It is
+    often a wrapper script (a pyenv shim costs some 0.2 s of bash per start), and every turn
+    starts a fresh interpreter. Asked in the workspace, as version files there may pick it."""
+    if session.python_exe is None:
+        job, read_fd = await spawn_with_pipe(
+            session, [python3, "-c", "import sys; print(sys.executable)"],
+            cwd=session.workspace, env=session.env)
+        out = bytearray()
+        with trio.move_on_after(30):
+            await pump(read_fd, out.extend)
+            await job.exited.wait()
+        if not job.exited.is_set():
+            await end_tree(job, 0)
+        path = out.decode(errors="replace").strip()
+        ok = job.exit_code == 0 and os.path.isabs(path) and "\n" not in path
+        session.python_exe = path if ok else python3
+    return session.python_exe
 
 
 def interpreter_argv(info: dict, language: str) -> list[str]:

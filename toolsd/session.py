@@ -74,6 +74,7 @@ class Session:
         self.closed = False
         self.launcher: Launcher | None = None
         self.cgroup: cgroups.PidsCgroup | None = None
+        self.python_exe: str | None = None  # the real python3 of the sandbox, once asked
         self.nursery: trio.Nursery | None = None
         self._close_done = trio.Event()
         self._stop = trio.Event()
