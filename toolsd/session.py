@@ -39,6 +39,15 @@ def check_workspace(path: str) -> str:
     return real
 
 
+def own_files_under_tmp() -> tuple[str, ...]:
+    """toolsd's own files that the sandbox needs (the drivers, and the interpreter the launcher
+    runs on) when they live under /tmp: a session's /tmp is its private scratch folder, so
+    without binding them back, a checkout under /tmp could not start a single session."""
+    needed = {os.path.realpath(DRIVER_DIR), os.path.realpath(sys.prefix),
+              os.path.dirname(os.path.abspath(sys.executable))}
+    return tuple(sorted(p for p in needed if p == "/tmp" or p.startswith("/tmp/")))
+
+
 class Turn:
     def __init__(self, turn_id: str):
         self.id = turn_id
@@ -106,6 +115,7 @@ class Session:
             hidden_files=tuple(p for p in files if os.path.isfile(p)),
             protected=tuple(p for p in protected if os.path.exists(p)),
             env=self.env,
+            extra_ro_binds=own_files_under_tmp(),
         )
 
     def wrapper(self) -> list[str]:
