@@ -88,6 +88,30 @@ def test_bad_frame_is_refused_and_connection_closed(daemon, body):
     assert_alive(daemon)
 
 
+def test_deeply_nested_frame_is_refused_not_fatal(daemon):
+    # 1,100 nested one-element arrays: 1.1 KB that once blew the decoder's stack.
+    body = b"\x83\xa2id\x01\xa6method\xa5hello\xa6params" + b"\x91" * 1100 + b"\xc0"
+    s = raw_connect(daemon)
+    s.sendall(frame(body))
+    reply = read_frame(s)
+    assert reply["error"]["code"] in ("bad_frame", "bad_params")
+    s.close()
+    assert_alive(daemon)
+
+
+@pytest.mark.parametrize("method, params, field", [
+    ("shell.run", {"session": "s1", "command": "true", "max_output_chars": 10**12},
+     "max_output_chars"),
+    ("process.stop", {"id": "bg1", "grace_s": 10**9}, "grace_s"),
+    ("session.open", {"workspace": "/", "limits": {"memory_mb": 2**50}}, "memory_mb"),
+])
+def test_out_of_range_params_are_refused(client, method, params, field):
+    with pytest.raises(ToolsdError) as e:
+        client.call(method, **params)
+    assert e.value.code == "bad_params"
+    assert field in e.value.message
+
+
 def test_huge_length_prefix_is_refused_before_the_body(daemon):
     s = raw_connect(daemon)
     s.sendall(struct.pack(">I", 2**31))  # and not one byte of body

@@ -45,7 +45,11 @@ class ToolsdError(Exception):
 
 Seconds = Annotated[float, Meta(gt=0)]
 NonNegSeconds = Annotated[float, Meta(ge=0)]
-Chars = Annotated[int, Meta(ge=0)]
+# Output is held in memory up to about twice this, and must fit in one reply frame.
+MAX_OUTPUT_CHARS = 2_000_000
+Chars = Annotated[int, Meta(ge=0, le=MAX_OUTPUT_CHARS)]
+# A stop holds a worker thread for its grace period: bounded, so stops cannot starve the pool.
+MAX_GRACE_S = 300.0
 Env = dict[str, str]
 Network = Literal["none", "host"]
 Language = Literal["python", "node"]
@@ -90,10 +94,10 @@ class HelloResult(Struct):
 
 
 class Limits(Struct, frozen=True):
-    memory_mb: Annotated[int, Meta(gt=0)] | None = None
-    pids: Annotated[int, Meta(gt=0)] | None = None
-    cpu_s: Annotated[int, Meta(gt=0)] | None = None
-    file_mb: Annotated[int, Meta(gt=0)] | None = None
+    memory_mb: Annotated[int, Meta(ge=16, le=1 << 24)] | None = None
+    pids: Annotated[int, Meta(ge=8, le=1 << 22)] | None = None
+    cpu_s: Annotated[int, Meta(gt=0, le=1 << 31)] | None = None
+    file_mb: Annotated[int, Meta(gt=0, le=1 << 30)] | None = None
 
 
 class SessionOpenParams(Struct):
@@ -225,7 +229,7 @@ class ProcessOutputResult(Struct):
 
 class ProcessStopParams(Struct):
     id: str
-    grace_s: NonNegSeconds = 2.0
+    grace_s: Annotated[float, Meta(ge=0, le=MAX_GRACE_S)] = 2.0
 
 
 class ProcessStopResult(Struct):
@@ -309,7 +313,7 @@ def decode_params(cls: type[Struct], raw: msgspec.Raw, method: str) -> Struct:
         return decoder.decode(raw)
     except msgspec.ValidationError as e:
         raise ToolsdError(BAD_PARAMS, f"{method}: {_field_message(e)}") from None
-    except msgspec.DecodeError as e:  # params is not even a map
+    except (msgspec.DecodeError, RecursionError) as e:  # params is not even a map
         raise ToolsdError(BAD_PARAMS, f"{method}: params must be a map ({e})") from None
 
 

@@ -90,7 +90,9 @@ class Connection:
                     for body in frames:
                         try:
                             request = request_decoder.decode(body)
-                        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                        except (msgspec.DecodeError, msgspec.ValidationError,
+                                RecursionError, ValueError) as e:
+                            # RecursionError: a tiny frame of 1,000 nested arrays.
                             await self.refuse(
                                 BAD_FRAME,
                                 f"a frame must be a msgpack map with an integer id, a string "
@@ -212,7 +214,11 @@ async def serve(supervisor: Supervisor, sock: trio.socket.SocketType, max_frame:
             await trio.aclose_forcefully(stream)
             return
         async with stream:
-            await Connection(stream, supervisor, max_frame).serve()
+            try:
+                await Connection(stream, supervisor, max_frame).serve()
+            except Exception:
+                # Whatever one client did, the daemon and everyone else's sessions stay up.
+                log.exception("a connection failed; closing it")
 
     async with trio.open_nursery() as nursery:
         task_status.started()

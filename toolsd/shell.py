@@ -11,12 +11,13 @@ import os
 import signal as signal_module
 import time
 
+import psutil
 import trio
 
 from . import proctree
-from .launcher import LauncherError
+from .launcher import LauncherDied, LauncherError
 from .output import HeadTail
-from .protocol import BAD_PARAMS, ShellRunParams, ShellRunResult, ToolsdError
+from .protocol import BAD_PARAMS, SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
 
 # After the command exits (and its leftovers are ended) we read what is already in the pipe for
 # at most this long: enough to drain a full pipe, short enough that a descriptor smuggled out of
@@ -67,9 +68,16 @@ async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, 
         job = await session.launcher.spawn(
             argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd, stderr=write_fd,
             rlimits=session.rlimits, extra_fds=extra_fds)
+    except LauncherDied:
+        os.close(read_fd)
+        raise ToolsdError(SESSION_CLOSED, f"session {session.id} is closed or its sandbox "
+                          f"died; open a new session") from None
     except LauncherError as e:
         os.close(read_fd)
         raise ToolsdError(BAD_PARAMS, f"could not start {argv[0]}: {e}") from None
+    except BaseException:  # cancelled: the client went away mid-spawn
+        os.close(read_fd)
+        raise
     finally:
         # Our copies of the child's ends: the child has the only ones now, so its exit
         # (and its tree's) gives us EOF.
@@ -133,11 +141,37 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
     )
 
 
+_kill_limiter: trio.lowlevel.RunVar = trio.lowlevel.RunVar("toolsd_kill_limiter")
+
+
+async def kill_tree(root_pid: int, grace_s: float) -> tuple[int, int]:
+    """proctree.kill_tree in a worker thread of its own pool: a stop holds its thread for the
+    whole grace period, and must not starve the threads everything else uses."""
+    try:
+        limiter = _kill_limiter.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(256)
+        _kill_limiter.set(limiter)
+    return await trio.to_thread.run_sync(
+        lambda: proctree.kill_tree(root_pid, grace_s=grace_s, include_root=False),
+        limiter=limiter)
+
+
+def shim_is_ours(job) -> bool:
+    """Whether job.shim_pid still names our shim: a shim can be killed by its own command, and
+    its pid reused by anyone's process, which must never be taken for our tree."""
+    try:
+        return psutil.Process(job.shim_pid).create_time() <= job._started_at + 0.05
+    except psutil.Error:
+        return False
+
+
 async def end_tree(job, grace_s: float) -> int:
     """End the command's whole tree through its shim (every orphan of the tree reparents to
     it) and return how many processes were ended."""
-    ended, _survivors = await trio.to_thread.run_sync(
-        lambda: proctree.kill_tree(job.shim_pid, grace_s=grace_s, include_root=False))
+    ended = 0
+    if shim_is_ours(job):
+        ended, _survivors = await kill_tree(job.shim_pid, grace_s)
     if not job.exited.is_set():
         with trio.move_on_after(5):
             await job.exited.wait()
