@@ -72,3 +72,43 @@ def test_second_daemon_on_the_same_state_folder_refuses(daemon):
     assert not os.path.exists(other_socket)
     with daemon.client() as c:
         assert c.hello()["protocol"] == 1
+
+
+def serve(daemon_root, *args):
+    return subprocess.run([sys.executable, "-m", "toolsd", "serve", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_existing_socket_folder_keeps_its_mode(daemon_root):
+    shared = os.path.join(daemon_root, "shared")
+    os.makedirs(shared)
+    os.chmod(shared, 0o755)
+    d = RunningDaemon(daemon_root)
+    d.socket = os.path.join(shared, "t.sock")
+    d.start()
+    try:
+        assert os.stat(shared).st_mode & 0o777 == 0o755
+        assert os.stat(d.socket).st_mode & 0o777 == 0o600
+    finally:
+        assert d.stop() == 0
+
+
+def test_regular_file_at_the_socket_path_is_not_deleted(daemon_root):
+    path = os.path.join(daemon_root, "precious.txt")
+    with open(path, "w") as f:
+        f.write("keep me\n")
+    out = serve(daemon_root, "--socket", path, "--state-dir", os.path.join(daemon_root, "st"))
+    assert out.returncode != 0 and "not a socket" in out.stderr
+    with open(path) as f:
+        assert f.read() == "keep me\n"
+
+
+def test_state_dir_that_is_someones_folder_is_refused_untouched(daemon_root):
+    project = os.path.join(daemon_root, "project")
+    os.makedirs(os.path.join(project, "logs"))
+    with open(os.path.join(project, "logs", "app.log"), "w") as f:
+        f.write("important\n")
+    out = serve(daemon_root, "--socket", os.path.join(daemon_root, "r", "t.sock"),
+                "--state-dir", project)
+    assert out.returncode != 0 and "not a toolsd state folder" in out.stderr
+    assert os.path.exists(os.path.join(project, "logs", "app.log"))

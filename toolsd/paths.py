@@ -26,12 +26,14 @@ def default_state_dir(socket_path: str) -> str:
 
 
 def ensure_private_dir(path: str) -> None:
-    """Create `path` 0700 if missing; refuse one that someone else owns or others can enter."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    """Create `path` 0700 if missing. An existing folder is used as it is (never chmod'ed:
+    `--socket /tmp/x.sock` must not close /tmp to everyone), but it must be ours."""
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        pass
     st = os.stat(path)
     if st.st_uid != os.getuid():
         raise PermissionError(
             f"{path} belongs to uid {st.st_uid}, not to us; choose another --socket or --state-dir"
         )
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)

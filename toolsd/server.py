@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import socket
+import stat
 import struct
 from typing import TYPE_CHECKING
 
@@ -172,7 +173,10 @@ class AlreadyServing(Exception):
 def bind_socket(path: str) -> trio.socket.SocketType:
     """Bind the listening socket at `path`, 0600, replacing a stale file left by a dead daemon
     and refusing when a live daemon answers there."""
-    if os.path.exists(path) or os.path.islink(path):
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise AlreadyServing(f"{path} exists and is not a socket; remove it or pass another "
+                             f"--socket")
+    if os.path.lexists(path):
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(path)

@@ -21,6 +21,7 @@ class StateDir:
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
         ensure_private_dir(self.path)
+        self._claim()
         self._lock_fd = self._lock()
         # Logs and scratch folders of a previous daemon (killed, so it could not clean up):
         # its processes died with it (--die-with-parent), and new ids never name them again.
@@ -28,6 +29,20 @@ class StateDir:
             shutil.rmtree(folder, ignore_errors=True)
             ensure_private_dir(folder)
         self._counters: dict[str, int] = {}
+
+    MARKER = ".toolsd-state"
+
+    def _claim(self) -> None:
+        """Only a folder toolsd made (or an empty one) is used: at start we clear its logs/
+        and scratch/, which must never be someone's project folders."""
+        marker = os.path.join(self.path, self.MARKER)
+        if os.path.exists(marker):
+            return
+        if os.listdir(self.path):
+            raise StateInUse(f"{self.path} is not empty and is not a toolsd state folder; "
+                             f"give --state-dir an empty or new folder")
+        with open(marker, "w") as f:
+            f.write("toolsd state folder: id counters, logs, session scratch\n")
 
     def _lock(self) -> int:
         """One daemon per state folder: two sharing counters would hand out the same ids."""
