@@ -150,6 +150,13 @@ def test_relative_path_is_taken_from_the_workspace(workspace, client, session):
     assert r["data"] == data and (r["width"], r["height"]) == (40, 30)
 
 
+def test_a_file_named_dash_is_a_file_not_standard_input(workspace, client, session):
+    data = encode(picture((20, 10)), "PNG")
+    write(workspace, "-", data)
+    r = client.image_read(session, "-")
+    assert r["data"] == data and (r["width"], r["height"]) == (20, 10)
+
+
 # ------------------------------------------------------------------ bad files
 
 
