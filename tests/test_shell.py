@@ -268,3 +268,19 @@ def test_sh_is_used_where_the_sandbox_has_no_bash(daemon_root):
             assert r["output"] == "hi\nno bash\n"
     finally:
         assert d.stop() == 0
+
+
+def test_cwd_symlink_out_of_the_workspace_is_refused(daemon, client, session):
+    os.symlink("/etc", os.path.join(daemon.workspace, "etc-link"))
+    with pytest.raises(ToolsdError) as e:
+        client.shell_run(session, "pwd", cwd="etc-link")
+    assert e.value.code == "bad_params" and "outside the workspace" in e.value.message
+
+
+def test_exec_cli_exit_code_of_a_signal_is_128_plus_its_number(daemon):
+    out = subprocess.run(
+        [sys.executable, "-m", "toolsd", "--socket", daemon.socket, "exec", "--workspace",
+         daemon.workspace, "--", "kill -TERM $$"],
+        capture_output=True, text=True, timeout=60, env=daemon.env)
+    assert out.returncode == 128 + 15
+    assert "SIGTERM" in out.stderr

@@ -104,7 +104,8 @@ def cmd_serve(args) -> int:
 
 
 def cmd_status(args) -> int:
-    with connect(args) as c:
+    # A person asking "is it up?" gets an answer even from a daemon that hangs.
+    with Client(socket_of(args), timeout=30) as c:
         hello = c.hello("toolsd-cli")
         sessions = c.session_list()["sessions"]
     if args.json:
@@ -157,7 +158,9 @@ def cmd_exec(args) -> int:
         return 124
     if result["exit_code"] is None:
         print(f"toolsd exec: killed by {result['signal']}", file=sys.stderr)
-        return 128 + 9
+        import signal
+
+        return 128 + int(getattr(signal, result["signal"] or "SIGKILL", signal.SIGKILL))
     return result["exit_code"]
 from . import cli_image as _cli_image  # noqa: E402
 _extra_commands.append(_cli_image.add_parser)

@@ -53,8 +53,12 @@ def cmd_image(args) -> int:
     print(f"model gets: {result['media_type']} {result['width']}x{result['height']}, "
           f"{len(result['data'])} bytes ({change})")
     if args.out:
-        with open(args.out, "wb") as f:
-            f.write(result["data"])
+        try:
+            with open(args.out, "wb") as f:
+                f.write(result["data"])
+        except OSError as e:
+            print(f"toolsd image: cannot write {args.out}: {e.strerror}", file=sys.stderr)
+            return 1
         print(f"saved to {args.out}")
         wanted = _EXTENSIONS.get(result["media_type"])
         if wanted and not args.out.lower().endswith(

@@ -140,9 +140,12 @@ class Client(_Methods):
 
     def call(self, method: str, **params: Any) -> Any:
         request_id, frame = self._proto.request(method, params)
-        self._sock.sendall(frame)
-        while request_id not in self._proto.replies:
-            self._proto.feed(self._sock.recv(256 * 1024))
+        try:
+            self._sock.sendall(frame)
+            while request_id not in self._proto.replies:
+                self._proto.feed(self._sock.recv(256 * 1024))
+        except OSError as e:  # includes the timeout given to the constructor
+            raise ConnectionLost(f"no answer from toolsd at {self.socket_path} ({e})") from None
         return self._proto.take(request_id)
 
     def close(self) -> None:

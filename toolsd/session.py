@@ -226,7 +226,9 @@ class Session:
         """A command's folder: inside the workspace (relative paths are taken from it)."""
         if cwd is None or cwd == "":
             return self.workspace
-        path = os.path.normpath(os.path.join(self.workspace, cwd))
+        # Resolved, so a symlink in the workspace cannot point the command (or our isdir
+        # check, which runs on the host) somewhere else.
+        path = os.path.realpath(os.path.join(self.workspace, cwd))
         if path != self.workspace and not path.startswith(self.workspace + os.sep):
             raise ToolsdError(BAD_PARAMS, f"cwd {cwd!r} is outside the workspace "
                               f"{self.workspace}; give a folder inside it")
