@@ -166,3 +166,43 @@ def test_tmp_is_private_to_the_session(daemon, client):
     client.shell_run(a, "echo mine > /tmp/note")
     assert client.shell_run(b, "cat /tmp/note; echo rc=$?")["output"].endswith("rc=1\n")
     assert client.shell_run(a, "cat /tmp/note")["output"] == "mine\n"
+
+
+def test_kernel_settings_are_read_only(client, session):
+    # Writes back the value it read: harmless even if the protection were missing.
+    r = client.shell_run(session, "v=$(cat /proc/sys/vm/swappiness); "
+                                  "echo $v > /proc/sys/vm/swappiness; echo rc=$?; "
+                                  "cat /proc/sys/kernel/core_pattern > /proc/sys/kernel/core_pattern; "
+                                  "echo rc=$?")
+    assert r["output"].count("rc=1") == 2, r["output"]
+    assert "Read-only file system" in r["output"]
+
+
+def test_host_service_sockets_in_run_are_unreachable(client, session):
+    path = f"/run/toolsd-test-{os.getpid()}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(1)
+    try:
+        code = ("import socket\n"
+                "s = socket.socket(socket.AF_UNIX)\n"
+                "try:\n"
+                f"    s.connect({path!r}); print('CONNECTED')\n"
+                "except OSError as e: print('refused', e.errno)\n")
+        r = client.shell_run(session, f"python3 -c \"{code}\"")
+        assert "CONNECTED" not in r["output"] and "refused" in r["output"]
+    finally:
+        server.close()
+        os.unlink(path)
+
+
+def test_git_folder_cannot_be_swapped_for_one_with_hostile_config(daemon, client):
+    os.makedirs(os.path.join(daemon.workspace, ".git", "hooks"))
+    with open(os.path.join(daemon.workspace, ".git", "config"), "w") as f:
+        f.write("[core]\n")
+    s = client.session_open(daemon.workspace)["session"]
+    r = client.shell_run(s, "mv .git .git-old; echo rc=$?; rm -rf .git; echo rc=$?; ls -a")
+    assert "cannot move '.git'" in r["output"] and "rc=0" not in r["output"]
+    assert os.path.isdir(os.path.join(daemon.workspace, ".git", "hooks"))
+    with open(os.path.join(daemon.workspace, ".git", "config")) as f:
+        assert f.read() == "[core]\n"

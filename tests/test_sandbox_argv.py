@@ -64,13 +64,15 @@ def policy(**kw) -> Policy:
 def test_mounts_in_order_root_scratch_dev_proc_workspace_protected_then_hiding():
     p = policy(protected=(f"{WS}/.git/hooks", f"{WS}/.git/config"),
                hidden_dirs=("/home/u/.ssh", f"{WS}/.aws"),
-               hidden_files=("/home/u/.netrc",))
+               hidden_files=("/home/u/.netrc",), pinned=(f"{WS}/.git",))
     assert mounts(bwrap_argv(p)) == [
         ("--ro-bind", "/", "/"),
         ("--bind", SCRATCH, "/tmp"),
         ("--dev", "/dev"),
         ("--proc", "/proc"),
+        ("--ro-bind", "/proc/sys", "/proc/sys"),
         ("--bind", WS, WS),
+        ("--bind", f"{WS}/.git", f"{WS}/.git"),
         ("--ro-bind", f"{WS}/.git/hooks", f"{WS}/.git/hooks"),
         ("--ro-bind", f"{WS}/.git/config", f"{WS}/.git/config"),
         ("--tmpfs", "/home/u/.ssh"),

@@ -284,3 +284,20 @@ def test_exec_cli_exit_code_of_a_signal_is_128_plus_its_number(daemon):
         capture_output=True, text=True, timeout=60, env=daemon.env)
     assert out.returncode == 128 + 15
     assert "SIGTERM" in out.stderr
+
+
+def test_workspace_inside_toolsd_state_is_refused(daemon, client):
+    with pytest.raises(ToolsdError) as e:
+        client.session_open(os.path.join(daemon.state_dir, "logs"))
+    assert e.value.code == "bad_params" and "toolsd's own folder" in e.value.message
+
+
+def test_workspace_with_non_utf8_name_is_refused(daemon, client):
+    raw = os.path.join(os.fsencode(daemon.root), b"ws-\xff")
+    os.makedirs(raw)
+    # A client can only send text: the name arrives through a symlink with a valid name.
+    os.symlink(raw, os.path.join(os.fsencode(daemon.root), b"link"))
+    with pytest.raises(ToolsdError) as e:
+        client.session_open(os.path.join(daemon.root, "link"))
+    assert e.value.code == "bad_params" and "UTF-8" in e.value.message
+    assert client.session_list()["sessions"] == []

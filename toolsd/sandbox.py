@@ -83,6 +83,8 @@ class Policy:
     protected: tuple[str, ...] = ()  # paths inside the workspace re-bound read-only
     env: Mapping[str, str] = field(default_factory=dict)  # the complete environment inside
     extra_ro_binds: tuple[str, ...] = ()  # e.g. the driver folder when /tmp would hide it
+    pinned: tuple[str, ...] = ()  # workspace folders bound onto themselves (e.g. ws/.git)
+    proc_read_only: tuple[str, ...] = ("/proc/sys",)  # see PROC_READ_ONLY
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
@@ -91,6 +93,10 @@ class Policy:
             raise ValueError(f"writable must be true or false, got {self.writable!r}")
         validate_env(self.env)
         _plan(self)  # raises on conflicting paths, so a Policy that exists can be mounted
+
+
+# Kernel knobs under /proc made read-only in every session (those of them the host has).
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
 
 
 def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
@@ -102,11 +108,22 @@ def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
     ws = plan.workspace
     args: list[str] = ["--ro-bind", "/", "/", "--bind", plan.scratch, "/tmp",
                        "--dev", "/dev", "--proc", "/proc"]
+    # The kernel lets the host's uid 0 write kernel settings under /proc/sys whatever its
+    # capabilities (and a session of a root daemon is host uid 0): core_pattern there would
+    # run a payload as real root. bwrap skips these because the folders themselves are not
+    # writable; bind them read-only ourselves. (/proc/sys/net still shows the session's own
+    # network: those files answer for the reader's namespace.)
+    for path in policy.proc_read_only:
+        args += ["--ro-bind", path, path]
     for path in plan.extra_ro_binds:
         args += ["--ro-bind", path, path]
     for path in plan.outer_hidden_dirs:
         args += ["--tmpfs", path]
     args += ["--bind" if policy.writable else "--ro-bind", ws, ws]
+    for path in plan.pinned:
+        # A mount point cannot be renamed or removed: `mv .git .git-old` and a fresh .git
+        # with a hostile core.fsmonitor would otherwise walk around the read-only hooks.
+        args += ["--bind", path, path]
     for path in plan.protected:
         args += ["--ro-bind", path, path]
     for path in plan.hidden_dirs:
@@ -187,6 +204,7 @@ class _Plan:
     scratch: str
     extra_ro_binds: tuple[str, ...]
     outer_hidden_dirs: tuple[str, ...]  # contain the workspace: mounted before it
+    pinned: tuple[str, ...]
     protected: tuple[str, ...]
     hidden_dirs: tuple[str, ...]  # the rest: mounted last
     hidden_files: tuple[str, ...]
@@ -211,8 +229,13 @@ def _plan(policy: Policy) -> _Plan:
         if not _inside(path, ws):
             raise ValueError(f"protected path {path} is not inside the workspace {ws}; "
                              "only workspace paths can be re-bound read-only")
+    pinned = _paths("pinned", policy.pinned)
+    for path in pinned:
+        if not _inside(path, ws) or path == ws:
+            raise ValueError(f"pinned path {path} is not inside the workspace {ws}")
     if not policy.writable:
         protected = []  # the whole workspace is read-only already
+        pinned = []
 
     dirs = _paths("hidden_dirs", policy.hidden_dirs)
     files = _paths("hidden_files", policy.hidden_files)
@@ -262,7 +285,8 @@ def _plan(policy: Policy) -> _Plan:
                 raise ValueError(f"extra read-only bind {e} lies inside hidden folder {d}; "
                                  "hidden paths stay hidden, so move it or stop hiding that folder")
     return _Plan(workspace=ws, scratch=scratch, extra_ro_binds=tuple(extras),
-                 outer_hidden_dirs=tuple(outer), protected=tuple(protected),
+                 outer_hidden_dirs=tuple(outer), pinned=tuple(pinned),
+                 protected=tuple(protected),
                  hidden_dirs=tuple(inner), hidden_files=tuple(files))
 
 

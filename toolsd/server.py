@@ -61,6 +61,11 @@ class Connection:
         except FrameTooLarge as e:
             reply = Reply(id=reply.id, error=ErrorBody(INTERNAL, f"the reply was too large: {e}"))
             frame = encode_frame(encode_reply(reply))
+        except Exception as e:  # e.g. a str that is not valid UTF-8 (a surrogate from a path)
+            log.exception("could not encode the reply to request %s", reply.id)
+            reply = Reply(id=reply.id, error=ErrorBody(INTERNAL, f"the reply could not be "
+                                                                 f"encoded: {e}"))
+            frame = encode_frame(encode_reply(reply))
         async with self.send_lock:
             try:
                 await self.stream.send_all(frame)

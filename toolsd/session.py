@@ -36,7 +36,15 @@ def check_workspace(path: str) -> str:
     real = os.path.realpath(path)
     if real == "/":
         raise ToolsdError(BAD_PARAMS, "workspace cannot be / (the whole machine); pick a folder")
+    try:
+        real.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ToolsdError(BAD_PARAMS, f"workspace {real!r} is not valid UTF-8; toolsd reports "
+                          f"paths as text: rename the folder") from None
     return real
+
+
+RUNTIME_DIRS = ("/run",)
 
 
 def own_files_under_tmp() -> tuple[str, ...]:
@@ -96,6 +104,14 @@ class Session:
             lang=os.environ.get("LANG", "C.UTF-8"),
             extra=self.user_env,
         )
+        for own in map(os.path.realpath, supervisor.hidden_paths()):
+            if self.workspace == own or self.workspace.startswith(own.rstrip("/") + "/"):
+                raise ToolsdError(BAD_PARAMS, f"workspace {self.workspace} is inside toolsd's "
+                                  f"own folder {own}, which sessions must never see")
+        try:
+            self.policy()  # a policy the sandbox cannot mount is refused here, not later
+        except ValueError as e:
+            raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -103,7 +119,10 @@ class Session:
         home = os.path.expanduser("~")
         dirs, files = sandbox.credential_paths(home)
         # Resolved: a symlinked ~/.ssh must be covered where it really is.
-        hidden = [os.path.realpath(p) for p in (*self.supervisor.hidden_paths(), *dirs)]
+        # /run holds the host's service sockets (D-Bus, docker, agents, $XDG_RUNTIME_DIR):
+        # a read-only mount does not stop connect(), so they are hidden, not just read-only.
+        hidden = [os.path.realpath(p)
+                  for p in (*self.supervisor.hidden_paths(), *dirs, *RUNTIME_DIRS)]
         files = [os.path.realpath(p) for p in files]
         protected = [os.path.join(self.workspace, ".git", p) for p in ("hooks", "config")]
         return sandbox.Policy(
@@ -116,6 +135,8 @@ class Session:
             protected=tuple(p for p in protected if os.path.exists(p)),
             env=self.env,
             extra_ro_binds=own_files_under_tmp(),
+            pinned=tuple(p for p in [os.path.join(self.workspace, ".git")] if os.path.isdir(p)),
+            proc_read_only=tuple(p for p in sandbox.PROC_READ_ONLY if os.path.exists(p)),
         )
 
     def wrapper(self) -> list[str]:
