@@ -16,6 +16,7 @@ import pytest
 
 from conftest import RunningDaemon, needs_bwrap, short_tempdir
 from toolsd.cli_processes import format_bytes, format_duration, format_table, next_piece
+from toolsd.output import render
 from toolsd.processes import MARKER
 
 pytestmark = needs_bwrap
@@ -44,7 +45,7 @@ def toolsd(daemon, *args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def wait_exit(client, process_id: str) -> None:
-    out = client.process_output(process_id, since=0, wait_s=60, until="(?!)")
+    out = client.process_output(process_id, since=0, wait_s=60, until=r"[^\s\S]")
     assert out["status"] != "running", out
 
 
@@ -86,6 +87,38 @@ def test_logs_of_long_output_prints_every_byte_once_in_order(daemon, client, ses
     out = toolsd(daemon, "logs", bg["id"])
     assert out.returncode == 0, out.stderr
     assert out.stdout == "".join(f"{i}\n" for i in range(1, 400001))
+
+
+def test_logs_of_binary_output_prints_it_escaped_once_in_order(daemon, client, session):
+    data = os.urandom(1_500_000)  # renders to ~3.5 M characters: many reads, escapes at seams
+    with open(os.path.join(daemon.workspace, "noise.bin"), "wb") as f:
+        f.write(data)
+    bg = client.process_start(session, "cat noise.bin")
+    wait_exit(client, bg["id"])
+    out = subprocess.run(  # bytes: text mode would turn the \r in the noise into \n
+        [sys.executable, "-m", "toolsd", "--socket", daemon.socket, "logs", bg["id"]],
+        capture_output=True, timeout=60, env=daemon.env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode() == render(data)
+
+
+def test_ps_shows_names_and_commands_without_terminal_controls(daemon, client, session):
+    # OSC 52 would write the operator's clipboard; \r and "erase line" would hide the row.
+    name = "\x1b]52;c;aGk=\x07web"
+    bg = client.process_start(session, "sleep 1000 # \r\x1b[2K\u202e", name=name)
+    out = toolsd(daemon, "ps")
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout and "\u202e" not in out.stdout
+    [row] = [r for r in out.stdout.splitlines() if r.startswith(bg["id"] + " ")]
+    assert row.endswith("\\x1b]52;c;aGk=\\x07web: sleep 1000 # \\x1b[2K\\u202e")
+    client.process_stop(bg["id"])
+
+
+def test_ps_of_an_unknown_session_says_so(daemon, session):
+    out = toolsd(daemon, "ps", "--session", "nope")
+    assert out.returncode == 1
+    assert "no session nope" in out.stderr and out.stdout == ""
+    assert toolsd(daemon, "ps", "--session", session).returncode == 0  # known, no processes
 
 
 def test_logs_follow_prints_new_output_until_the_process_ends(daemon, client, session):

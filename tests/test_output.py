@@ -1,3 +1,4 @@
+import codecs
 import os
 import re
 import threading
@@ -7,7 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolsd.output import CappedLog, HeadTail, Ring, clip, render
+import toolsd.output as output
+from toolsd.output import (
+    CappedLog,
+    HeadTail,
+    Ring,
+    UntilScan,
+    clip,
+    compile_until,
+    head_piece,
+    render,
+    tail_piece,
+)
 
 MARKER = re.compile(r"\n\[\.\.\. (\d+) bytes left out \.\.\.\]\n")
 
@@ -178,7 +190,7 @@ def test_ring_append_larger_than_capacity_keeps_the_last_bytes():
     assert ring.read(0, 100) == (b"ghij", 10, 6)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     capacity=st.integers(min_value=1, max_value=20),
     ops=st.lists(
@@ -187,6 +199,7 @@ def test_ring_append_larger_than_capacity_keeps_the_last_bytes():
             st.tuples(
                 st.just("read"), st.integers(min_value=0, max_value=200), st.integers(0, 40)
             ),
+            st.tuples(st.just("shrink"), st.integers(min_value=1, max_value=25)),
         ),
         max_size=30,
     ),
@@ -194,19 +207,57 @@ def test_ring_append_larger_than_capacity_keeps_the_last_bytes():
 def test_ring_matches_a_full_copy_of_the_stream(capacity, ops):
     ring = Ring(capacity)
     stream = b""
+    start = 0  # the oldest byte the ring should still have
     for op in ops:
         if op[0] == "append":
             ring.append(op[1])
             stream += op[1]
+            start = max(start, len(stream) - capacity)
+            continue
+        if op[0] == "shrink":
+            ring.shrink(op[1])
+            capacity = min(capacity, op[1])
+            start = max(start, len(stream) - capacity)
+            assert (ring.start, ring.end) == (start, len(stream))
             continue
         _, since, limit = op
-        start = max(0, len(stream) - capacity)
         if since >= len(stream):
             assert ring.read(since, limit) == (b"", len(stream), 0)
             continue
         pos = max(since, start)
         want = stream[pos : pos + limit]
         assert ring.read(since, limit) == (want, pos + len(want), max(0, start - since))
+
+
+def test_ring_memory_grows_with_output_not_with_capacity():
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        rings = [Ring(1 << 20) for _ in range(100)]
+        for ring in rings:
+            ring.append(b"exited quietly\n")
+        kept = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert kept < 200 * 1024  # not 100 MiB
+    assert rings[0].read(0, 100) == (b"exited quietly\n", 15, 0)
+
+
+def test_ring_shrink_keeps_the_tail_and_releases_the_rest():
+    ring = Ring(1 << 20)
+    stream = bytes(range(256)) * 4096  # 1 MiB: the ring is full
+    ring.append(stream)
+    tracemalloc.start()
+    try:
+        ring.shrink(1000)
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert after < 10_000
+    assert (ring.start, ring.end) == (len(stream) - 1000, len(stream))
+    assert ring.read(0, 10) == (stream[-1000:-990], len(stream) - 990, len(stream) - 1000)
+    ring.append(b"more")
+    assert ring.read(0, 5000)[0] == (stream + b"more")[-1000:]
 
 
 # --- CappedLog ----------------------------------------------------------------------
@@ -275,6 +326,32 @@ def test_log_starts_fresh_over_old_files_and_refuses_use_after_close(tmp_path):
         CappedLog(path, 1)
 
 
+def open_fds() -> set[str]:
+    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}
+
+
+def test_sealed_log_holds_no_descriptor_and_stays_readable(tmp_path):
+    path = str(tmp_path / "bg7.log")
+    stream = bytes(range(256)) * 100
+    log = CappedLog(path, 10_000)
+    log.append(stream)
+    assert path in open_fds() and path + ".1" in open_fds()
+    log.seal()
+    assert path not in open_fds() and path + ".1" not in open_fds()
+    start = len(stream) - 5000 - len(stream) % 5000
+    assert (log.start, log.end, log.kept) == (start, len(stream), len(stream) - start)
+    assert log.read(0, 100) == (stream[start : start + 100], start + 100, start)
+    assert log.read(start + 4990, 20)[0] == stream[start + 4990 : start + 5010]  # both files
+    assert path not in open_fds()
+    with pytest.raises(ValueError, match="sealed"):
+        log.append(b"x")
+    log.seal()
+    log.close()
+    with pytest.raises(ValueError, match="closed"):
+        log.read(0, 1)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     cap=st.integers(min_value=2, max_value=40),
@@ -340,3 +417,160 @@ def test_log_reads_stay_consistent_while_another_thread_appends(tmp_path):
         thread.join()
         log.close()
     assert log.end == total
+
+
+# --- head and tail pieces -----------------------------------------------------------
+
+PIECE_BYTES = st.lists(
+    st.sampled_from([b"a", b"\n", b"\\x41", "€".encode(), "😀".encode(), b"\xff", b"\x80",
+                     b"\xc3", b"\xe2\x82", b"\xed\xb2\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80"]),
+    max_size=40).map(b"".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=PIECE_BYTES, budget=st.integers(0, 130), at_boundary=st.booleans(),
+       final=st.booleans())
+def test_pieces_are_the_longest_that_fit_whatever_the_block_seams(data, budget, at_boundary,
+                                                                   final):
+    whole = (head_piece(data, budget, final=final),
+             tail_piece(data, budget, at_boundary=at_boundary))
+    saved = output._BLOCK
+    output._BLOCK = 5  # seams everywhere: a seam must never change what is shown
+    try:
+        seamed = (head_piece(data, budget, final=final),
+                  tail_piece(data, budget, at_boundary=at_boundary))
+    finally:
+        output._BLOCK = saved
+    assert seamed == whole
+    (head, head_bytes), (tail, tail_bytes) = whole
+    assert len(head) <= budget and len(tail) <= budget
+    assert head == render(data[:head_bytes])
+    assert tail == render(data[len(data) - tail_bytes:])
+    held = len(data) if final else len(data) - _held_back(data)
+    if head_bytes < held:  # the next character would not have fit
+        nxt = data[head_bytes:held].decode("utf-8", "surrogateescape")[:1]
+        assert len(head) + len(render(nxt.encode("utf-8", "surrogateescape"))) > budget
+
+
+def _held_back(data: bytes) -> int:
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+    decoder.decode(data, final=False)
+    return len(decoder.getstate()[0])
+
+
+def test_pieces_of_binary_output_render_only_about_what_they_keep(monkeypatch):
+    data = os.urandom(4 << 20)
+    rendered = []
+
+    def counting_render(chunk: bytes) -> str:
+        rendered.append(len(chunk))
+        return render(chunk)
+
+    monkeypatch.setattr(output, "render", counting_render)
+    for budget in (1000, 300_000):
+        rendered.clear()
+        head, used = head_piece(data, budget)
+        assert len(head) <= budget and used > budget // 4
+        # What was rendered: the pieces kept plus at most one block more.
+        assert sum(rendered) <= used + output._BLOCK + 3
+        rendered.clear()
+        tail, used = tail_piece(data, budget, at_boundary=False)
+        assert len(tail) <= budget
+        assert sum(rendered) <= used + output._BLOCK + 3
+
+
+# --- until --------------------------------------------------------------------------
+
+
+def test_until_is_multiline_and_linear():
+    ready = compile_until("^ready")
+    assert ready.search(b"starting\nready on :3000\n")
+    assert not ready.search(b"not ready\n")
+    assert compile_until(r"3000$").search(b"ready on :3000\nmore\n")
+    # (a+)+$ takes Python's re minutes on this; RE2 does not backtrack.
+    assert not compile_until(r"(a+)+$").search(b"a" * 5000 + b"!")
+
+
+@pytest.mark.parametrize("pattern, words", [
+    (r"(\w+) \1", "backreference (\\1)"),
+    (r"(?P<x>a)(?P=x)", "named backreference"),
+    (r"ready(?= on)", "lookahead"),
+    (r"(?!error)", "negative lookahead"),
+    (r"(?<=port )\d+", "lookbehind"),
+    (r"(?>a+)b", "atomic group"),
+    (r"a++", "possessive"),
+    (r"done\Z", "\\Z (write \\z"),
+])
+def test_until_refuses_what_linear_matching_cannot_do_and_names_it(pattern, words):
+    with pytest.raises(ValueError) as e:
+        compile_until(pattern)
+    assert words in str(e.value)
+    assert "rewrite the pattern" in str(e.value)
+
+
+def test_until_refuses_invalid_huge_and_too_complex_patterns():
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        compile_until("(unclosed")
+    with pytest.raises(ValueError, match="at most 10000"):
+        compile_until("x" * 10_001)
+    with pytest.raises(ValueError, match="too complex"):
+        compile_until(r"\pL{300}")
+    with pytest.raises(ValueError, match="too complex"):
+        compile_until(r"\pL{10}")
+
+
+def scan_all(scan: UntilScan, ring: Ring, pattern) -> tuple[bool, int]:
+    """Search everything new in `ring` as the daemon does; (found, bytes searched)."""
+    searched = 0
+    while (window := scan.next_window(ring)) is not None:
+        data, context = window
+        searched += len(data)
+        if pattern.search(data, context):
+            return True, searched
+    return False, searched
+
+
+# Patterns whose matches span at most 4 bytes and do not depend on what follows them.
+SHORT_PATTERNS = ["ab", "^b", "a\nb", r"\bb", "^ab\n", "b\na", "ba+b", r"\Aa"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(alphabet="ab\n", max_size=60),
+       cuts=st.lists(st.integers(0, 60), max_size=15),
+       pattern=st.sampled_from(SHORT_PATTERNS), start=st.integers(0, 5))
+def test_windowed_until_finds_what_a_search_of_the_whole_output_finds(text, cuts, pattern,
+                                                                    start):
+    data = b"xy\nab" + text.encode()  # some output before the read's start
+    start = min(start, len(data))
+    until = compile_until(pattern)
+    ring = Ring(1000)
+    scan = UntilScan(start, overlap=4, piece=7)
+    found = False
+    prev = 0
+    for cut in sorted(set(cuts)) + [len(data)]:
+        cut = min(cut, len(data))
+        ring.append(data[prev:cut])
+        prev = cut
+        found = found or scan_all(scan, ring, until)[0]
+    if pattern == "ba+b":  # may be longer than the overlap: then it may be missed
+        assert bool(until.search(data[start:])) or not found
+    else:
+        assert found == bool(until.search(data[start:]))
+
+
+def test_windowed_until_searches_each_byte_a_bounded_number_of_times():
+    until = compile_until(".*server ready")
+    ring = Ring(1 << 20)
+    scan = UntilScan(0)
+    total = 0
+    chunks = 0
+    for i in range(3000):  # a progress bar: \r and no newline, in tiny writes
+        ring.append(b"progress %d%%\r" % i)
+        chunks += 1
+        found, searched = scan_all(scan, ring, until)
+        assert not found
+        total += searched
+    # Each search: its new bytes plus at most the overlap (and a few bytes of context).
+    assert total <= ring.end + chunks * (output.UNTIL_OVERLAP_BYTES + 4)
+    ring.append(b"\nthe server ready\n")
+    assert scan_all(scan, ring, until)[0]

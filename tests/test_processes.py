@@ -15,9 +15,9 @@ import psutil
 import pytest
 import trio
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir
+from conftest import RunningDaemon, needs_bwrap, short_tempdir, wait_gone
 from toolsd.client import ToolsdError
-from toolsd.processes import LOG_CAP_BYTES
+from toolsd.processes import LOG_CAP_BYTES, MAX_LIVE_PER_SESSION
 
 pytestmark = needs_bwrap
 
@@ -126,7 +126,7 @@ def wait_ready(client, process_id: str, pattern: str = "ready") -> dict:
 
 def wait_exit(client, process_id: str) -> dict:
     # An `until` that never matches: the read returns when the process has ended.
-    out = client.process_output(process_id, since=0, wait_s=60, until="(?!)")
+    out = client.process_output(process_id, since=0, wait_s=60, until=r"[^\s\S]")
     assert out["status"] != "running", out
     return out
 
@@ -394,6 +394,55 @@ def test_200_mb_of_output_keeps_daemon_memory_flat_and_log_capped(daemon, client
     assert 0 < on_disk <= LOG_CAP_BYTES
 
 
+async def test_catastrophic_until_returns_at_wait_s_while_other_clients_are_served(
+        daemon, client, session):
+    bg = client.process_start(session, "printf 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!'; sleep 1000")
+    wait_ready(client, bg["id"], "!")
+    answers = []
+    # A backtracking engine takes minutes on this pattern, with the whole daemon frozen: the
+    # bound only keeps this test from hanging that long.
+    with trio.fail_after(60):
+        async with await daemon.async_client() as a, await daemon.async_client() as b:
+
+            async def search():
+                answers.append(await a.process_output(bg["id"], since=0, wait_s=2,
+                                                      until="(a+)+$"))
+
+            async def hello():
+                answers.append(await b.hello())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(search)
+                nursery.start_soon(hello)
+    hello_answer, out = answers
+    assert hello_answer["protocol"] == 1
+    assert out["output"] == "a" * 30 + "!" and out["status"] == "running"
+    client.process_stop(bg["id"])
+
+
+async def test_until_anchors_match_at_every_line(daemon, client, session):
+    bg = client.process_start(session, "printf 'starting\\nready on :3000\\nlistening\\n'; "
+                                       "sleep 1000")
+    with trio.fail_after(60):  # without multi-line anchors each read waits its whole wait_s
+        async with await daemon.async_client() as c:
+            out = await c.process_output(bg["id"], wait_s=600, until="^ready")
+            assert "ready on :3000\n" in out["output"]
+            out = await c.process_output(bg["id"], since=0, wait_s=600, until=r":\d+$")
+            assert out["output"] == "starting\nready on :3000\nlistening\n"
+    client.process_stop(bg["id"])
+
+
+def test_until_syntax_that_needs_backtracking_is_refused_by_name(client, session):
+    bg = client.process_start(session, "sleep 1000")
+    for pattern, named in ((r"(\w+) \1", "backreference"), (r"(?<=port )\d+", "lookbehind"),
+                           (r"ready(?! on)", "lookahead")):
+        with pytest.raises(ToolsdError) as e:
+            client.process_output(bg["id"], until=pattern)
+        assert e.value.code == "bad_params"
+        assert named in e.value.message and "until" in e.value.message
+    client.process_stop(bg["id"])
+
+
 # ------------------------------------------------------------------ lifetime
 
 
@@ -422,6 +471,83 @@ def test_session_close_leaves_no_process(daemon, client, session):
         assert out["status"] == "stopped" and "ready" in out["output"]
     logs = os.listdir(os.path.join(daemon.state_dir, "logs"))
     assert not [n for n in logs if n.split(".")[0] in ids]  # their log files went with them
+
+
+def daemon_fds(daemon) -> list[str]:
+    fds = []
+    for fd in os.listdir(f"/proc/{daemon.proc.pid}/fd"):
+        try:
+            fds.append(os.readlink(f"/proc/{daemon.proc.pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed while we looked
+    return fds
+
+
+def test_finished_processes_give_back_memory_and_descriptors(daemon, client, session):
+    wait_exit(client, client.process_start(session, "true")["id"])  # first use costs
+    me = psutil.Process(daemon.proc.pid)
+    rss_before, fds_before = me.memory_info().rss, len(daemon_fds(daemon))
+    ids = [client.process_start(session, "true")["id"] for _ in range(300)]
+    for process_id in ids:
+        assert wait_exit(client, process_id)["status"] == "exited"
+    # Each used to keep 1 MiB of ring and its log open until the session closed.
+    assert me.memory_info().rss < rss_before + (64 << 20)
+    assert len(daemon_fds(daemon)) < fds_before + 20
+    assert client.process_output(ids[0], since=0)["status"] == "exited"
+
+
+def test_finished_process_log_stays_readable_without_an_open_descriptor(daemon, client,
+                                                                        session):
+    bg = client.process_start(session, "seq 1 300000")  # 2 MB: more than memory keeps
+    wait_exit(client, bg["id"])
+    log = os.path.join(daemon.state_dir, "logs", f"{bg['id']}.log")
+    deadline = time.monotonic() + 10  # it is sealed just after its exit is reported
+    while any(path.startswith(log) for path in daemon_fds(daemon)):
+        assert time.monotonic() < deadline, "the finished process's log is still open"
+        time.sleep(0.01)
+    out = client.process_output(bg["id"], since=0, max_output_chars=20)
+    assert out["dropped_bytes"] == 0 and out["output"].startswith("1\n2\n")
+    rest = client.process_output(bg["id"], since=1_000_000, max_output_chars=2_000_000)
+    assert rest["output"].endswith("299999\n300000\n") and not rest["truncated"]
+
+
+def test_a_session_runs_at_most_so_many_background_processes(daemon, client):
+    s = client.session_open(daemon.workspace, limits={"pids": 2000})["session"]
+    try:
+        started = [client.process_start(s, "sleep 1001") for _ in range(MAX_LIVE_PER_SESSION)]
+        with pytest.raises(ToolsdError) as e:
+            client.process_start(s, "sleep 1001")
+        assert e.value.code == "limit_exceeded"
+        assert "process.stop" in e.value.message
+        client.process_stop(started[0]["id"])
+        client.process_start(s, "sleep 1001")  # room again
+    finally:
+        client.session_close(s)
+    assert wait_gone(daemon.running("sleep 1001"), timeout=10) == []
+
+
+async def test_start_racing_session_close_says_the_session_closed(daemon):
+    results = []
+    async with await daemon.async_client() as c, await daemon.async_client() as closer:
+        s = (await c.session_open(daemon.workspace))["session"]
+        first = trio.Event()
+
+        async def start():
+            try:
+                results.append((await c.process_start(s, "true"))["id"])
+                first.set()
+            except ToolsdError as e:
+                results.append(e.code)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(30):
+                nursery.start_soon(start)
+            # The launcher works through the others' spawns one by one: the close meets
+            # some of them half way.
+            await first.wait()
+            nursery.start_soon(closer.session_close, s)
+    refused = [r for r in results if not r.startswith("bg")]
+    assert refused and set(refused) <= {"session_closed", "not_found"}, results
 
 
 def test_daemon_sigkill_leaves_no_process(daemon_root):

@@ -16,8 +16,9 @@ import time
 from .processes import MARKER_SINCE
 
 # Each read asks for at most this many characters; a longer stretch comes back as head, marker
-# and tail, and the marker says where to carry on right after the head.
-CHUNK_CHARS = 1 << 20
+# and tail, and the marker says where to carry on right after the head. Small enough that one
+# read is a short job for the daemon, large enough that a long log takes few round trips.
+CHUNK_CHARS = 256 << 10
 # How long one read of `logs -f` waits on the daemon for new output before asking again.
 FOLLOW_WAIT_S = 10.0
 COLUMNS = ("ID", "SESSION", "PID", "STATUS", "UPTIME", "CPU", "RSS", "DESC", "COMMAND")
@@ -60,6 +61,12 @@ def _connect(args):
 def cmd_ps(args) -> int:
     with _connect(args) as c:
         procs = c.process_list(args.session)["processes"]
+        # A closed session's processes are still listed; an id nobody knows is a typo.
+        if args.session is not None and not procs and args.session not in {
+                s["session"] for s in c.session_list()["sessions"]}:
+            print(f"toolsd ps: no session {_printable(args.session)}; `toolsd ps` lists the "
+                  f"processes of every session", file=sys.stderr)
+            return 1
     if args.running:
         procs = [p for p in procs if p["status"] == "running"]
     if args.json:
@@ -78,7 +85,8 @@ def format_table(procs: list[dict], *, now: float, width: int | None = None) -> 
             p["id"], p["session"], str(p["pid"]), _status(p),
             format_duration((p["ended_at"] or now) - p["started_at"]),
             f"{p['cpu_percent']:.1f}%", format_bytes(p["rss_bytes"]), str(p["descendants"]),
-            _one_line(f"{p['name']}: {p['command']}" if p["name"] else p["command"]),
+            _printable(_one_line(
+                f"{p['name']}: {p['command']}" if p["name"] else p["command"])),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
     lines = []
@@ -103,6 +111,15 @@ def _status(p: dict) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _printable(text: str) -> str:
+    """`text` with every character a terminal would act on instead of showing (ESC, so
+    colour, cursor and OSC 52 clipboard sequences; other control and format characters)
+    written as a Python escape: a process cannot hide its row or reach the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def format_duration(seconds: float) -> str:

@@ -5,9 +5,11 @@ Resource handling: a BackgroundProcess belongs to its session; its task (`watch`
 session's nursery and pumps output into a ring (recent output, in memory) and a capped log
 file (older output, on disk). `stop()` ends every process of its tree through its shim, which
 every orphan of the tree reparents to; session close and daemon shutdown call it for each one
-still running. When the session's nursery ends, the task retires the process: the log file is
-closed and removed and the ring shrunk to a short tail, so a finished process kept for its
-final status costs little.
+still running. Once the process has exited and its output is drained, the task retires it: the
+ring shrinks to a short tail and the log is sealed (its descriptors closed, the file kept for
+`toolsd logs`), so a finished process kept for its final status costs little memory and no
+descriptor. The task then waits until the process is forgotten or its session closes, and
+removes the log file.
 """
 
 from __future__ import annotations
@@ -17,15 +19,25 @@ import logging
 import os
 import re
 import time
+from functools import partial
 
 import psutil
 import trio
 
 from . import proctree
-from .output import CappedLog, Ring, render
+from .output import (
+    CappedLog,
+    Ring,
+    UntilPattern,
+    UntilScan,
+    compile_until,
+    head_piece,
+    tail_piece,
+)
 from .protocol import (
     BAD_PARAMS,
     IO_ERROR,
+    LIMIT_EXCEEDED,
     SESSION_CLOSED,
     ProcessInfo,
     ProcessListResult,
@@ -40,13 +52,23 @@ from .shell import pump, signal_name, spawn_with_pipe
 
 logger = logging.getLogger("toolsd.processes")
 
-RING_BYTES = 1 << 20  # recent output in memory
+RING_BYTES = 1 << 20  # recent output in memory, at most (it grows as output comes)
 LOG_CAP_BYTES = 64 << 20  # older output on disk, per process
-# What a process of a closed session keeps of its output (its log file is gone by then).
+# What a finished process keeps of its output in memory (older output is read from its log).
 RETIRED_RING_BYTES = 64 << 10
-# How far back into output already searched an `until` regex looks again when new output
-# comes, so a match split across two reads is still found without rescanning everything.
-UNTIL_OVERLAP_BYTES = 64 << 10
+# The logs of a session's finished processes together: past this, the oldest are removed
+# (their output then reads as dropped_bytes, but for the last RETIRED_RING_BYTES).
+SESSION_RETIRED_LOG_BYTES = 256 << 20
+# Background processes a session may have that have not finished (running, or exited with
+# something of their tree still holding the output pipe): each holds a log descriptor, a pipe
+# and up to RING_BYTES of memory.
+MAX_LIVE_PER_SESSION = 128
+# An `until` search step or a rendering costing more than this (UntilPattern.work units, or
+# bytes) runs in a worker thread, so the event loop keeps serving every other request.
+INLINE_SEARCH_WORK = 1 << 19
+INLINE_RENDER_BYTES = 32 << 10
+# Worker threads for those, at most, however many clients ask at once.
+CPU_THREADS = 2
 # After the command exits, how long a waiting read gives the pipe to deliver the command's
 # last output before it answers (a child holding the pipe may keep it open for ever).
 EXIT_DRAIN_S = 0.1
@@ -69,9 +91,11 @@ class BackgroundProcess:
         self.log: CappedLog | None = log_file
         self.read_mark = 0
         self.stopped = False  # ended by process.stop / session close rather than on its own
+        self.retired = False  # finished and drained: ring shrunk, log sealed (see _retire)
         self.output_done = trio.Event()  # the pipe reached EOF (or the session ended)
         self.finished = trio.Event()  # exited, and its last output read (or drain time over)
         self._changed = trio.Event()
+        self._forgotten = trio.Event()  # dropped from the registry: the task may end
         # The shim's identity (pid and start time): checked before each use of its pid, since
         # once it has exited and been reaped the pid may name an unrelated process.
         self._shim = _identity(job.shim_pid)
@@ -106,8 +130,8 @@ class BackgroundProcess:
         self._notify()
 
     async def watch(self, read_fd: int) -> None:
-        """The process's task: pump its output until EOF, note its exit, and retire the
-        process when the session's nursery is cancelled (session close)."""
+        """The process's task: pump its output until EOF and note its exit; then retire the
+        process and wait until it is forgotten or its session closes, and remove its log."""
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._wait_exit)
@@ -116,9 +140,14 @@ class BackgroundProcess:
                 finally:
                     self.output_done.set()
                     self._notify()
-            await trio.sleep_forever()
-        finally:
             self._retire()
+            _trim_retired_logs(self.session)
+            await self._forgotten.wait()
+        finally:
+            if self.session.closed:
+                self._shim = None  # gone with the session's sandbox
+            self._retire()
+            self._drop_log()
 
     async def _wait_exit(self) -> None:
         await self.job.exited.wait()
@@ -130,31 +159,28 @@ class BackgroundProcess:
         self._notify()
 
     def _retire(self) -> None:
-        self._shim = None  # gone with the session's sandbox
+        """Release what a finished process no longer needs: memory beyond a short tail of its
+        output, and the log's descriptors (the file stays readable until _drop_log)."""
+        if self.retired:
+            return
+        self.retired = True
         self.output_done.set()
         self.finished.set()
         if self.ended_at is None:
             self.ended_at = time.time()
-        self._drop_log()
-        lo = max(self.ring.start, self.ring.end - RETIRED_RING_BYTES)
-        kept, _next, _dropped = self.ring.read(lo, self.ring.end - lo)
-        small = Ring(max(1, len(kept)))
-        small.end = self.ring.end - len(kept)
-        small.append(kept)
-        self.ring = small
+        if self.log is not None:
+            self.log.seal()
+        self.ring.shrink(RETIRED_RING_BYTES)
         self._notify()
 
+    def forget(self) -> None:
+        """Called once the registry dropped it: its task ends and removes the log."""
+        self._forgotten.set()
+
     def _drop_log(self) -> None:
-        if self.log is None:
-            return
-        self.log.close()
-        for path in (self.log.path, self.log.old_path):
-            try:
-                os.unlink(path)
-            except OSError as e:
-                if e.errno != errno.ENOENT:
-                    logger.warning("%s: cannot remove %s: %s", self.id, path, e)
-        self.log = None
+        if self.log is not None:
+            _remove_log(self.log, self.id)
+            self.log = None
 
     # ------------------------------------------------------------ reading
 
@@ -163,36 +189,35 @@ class BackgroundProcess:
         between `since` and the oldest byte still kept are gone."""
         if since >= self.ring.start or self.log is None:
             return self.ring.read(since, limit)
-        return self.log.read(since, limit)
+        try:
+            return self.log.read(since, limit)
+        except OSError as e:
+            # Its file went away behind our back (or the disk failed): what is in memory is
+            # all there is now.
+            logger.warning("%s: cannot read the log (%s); keeping only the output in memory",
+                           self.id, e)
+            self._drop_log()
+            return self.ring.read(since, limit)
 
-    async def wait_for(self, start: int, until: re.Pattern | None) -> None:
+    async def wait_for(self, start: int, until: UntilPattern | None) -> None:
         """Wait for output past `start` (matching `until` if given) or for the end of the
         process. Woken by each chunk of output, never by a timer; the caller bounds it.
-        `until` is matched against output still in memory (the last RING_BYTES)."""
-        scanned = start  # `until` found nothing in [start, scanned)
+        `until` is matched against output still in memory (the last RING_BYTES), a bounded
+        piece at a time (see UntilScan), off the event loop when a piece is costly."""
+        scan = UntilScan(start)
         while True:
-            end = self.ring.end
             if until is None:
-                if end > start:
+                if self.ring.end > start:
                     return
-            elif end > scanned:
-                if self._search(until, start, scanned, end):
-                    return
-                scanned = end
+            else:
+                window = scan.next_window(self.ring)
+                if window is not None:
+                    if await _search(until, *window):
+                        return
+                    continue
             if self.finished.is_set():
                 return
-            changed = self._changed
-            await changed.wait()
-
-    def _search(self, until: re.Pattern, start: int, scanned: int, end: int) -> bool:
-        lo = max(start, scanned - UNTIL_OVERLAP_BYTES, self.ring.start)
-        data, _next, _dropped = self.ring.read(lo, end - lo)
-        if lo > start:
-            # Start the window at a line start, so `^` in the pattern means what it says.
-            cut = data.find(b"\n", 0, max(0, scanned - lo))
-            if cut >= 0:
-                data = data[cut + 1:]
-        return until.search(render(data)) is not None
+            await self._changed.wait()
 
     # ------------------------------------------------------------ stopping
 
@@ -271,6 +296,11 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
     _shell_name, shell_path = session.shell
+    live = sum(1 for bg in session.processes.values() if not bg.retired)
+    if live >= MAX_LIVE_PER_SESSION:
+        raise ToolsdError(LIMIT_EXCEEDED, f"process.start: session {session.id} already has "
+                          f"{live} background processes that have not finished, the most it "
+                          f"may have; stop some with process.stop (toolsd kill ID) first")
     process_id = f"bg{supervisor.state.next_id('process')}"
     # The log first: once the command runs, nothing may fail before its watcher owns it.
     try:
@@ -283,14 +313,21 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
     try:
         job, read_fd = await spawn_with_pipe(session, [shell_path, "-c", p.command], cwd=cwd,
                                              env=env)
-    except BaseException:
-        log_file.close()
-        for path in (log_file.path, log_file.old_path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+    except ToolsdError:
+        _remove_log(log_file, process_id)
+        # The session may have closed while we spawned (its launcher's refusal then reads
+        # like a bad command): say what really happened.
+        session.check_open()
         raise
+    except BaseException:
+        _remove_log(log_file, process_id)
+        raise
+    if session.closed:
+        # Closed while we spawned: its sandbox ends the command; nobody would watch it here.
+        os.close(read_fd)
+        _remove_log(log_file, process_id)
+        raise ToolsdError(SESSION_CLOSED, f"process.start: session {session.id} was closed "
+                          f"while the command started; open a new session")
     proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file)
     supervisor.processes[process_id] = proc
     session.processes[process_id] = proc
@@ -311,20 +348,69 @@ def forget_oldest_finished(supervisor) -> None:
     for process_id, proc in list(supervisor.processes.items()):
         if excess <= 0:
             break
-        if not proc.running and proc.output_done.is_set():
+        if proc.retired:
             del supervisor.processes[process_id]
             proc.session.processes.pop(process_id, None)
+            proc.forget()
             excess -= 1
+
+
+def _trim_retired_logs(session) -> None:
+    """Keep the logs of a session's finished processes within SESSION_RETIRED_LOG_BYTES,
+    removing the oldest first."""
+    retired = [bg for bg in session.processes.values() if bg.retired and bg.log is not None]
+    total = sum(bg.log.kept for bg in retired)
+    for bg in retired:  # in start order
+        if total <= SESSION_RETIRED_LOG_BYTES:
+            break
+        total -= bg.log.kept
+        bg._drop_log()
+
+
+def _remove_log(log_file: CappedLog, owner: str) -> None:
+    log_file.close()
+    for path in (log_file.path, log_file.old_path):
+        try:
+            os.unlink(path)
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                logger.warning("%s: cannot remove %s: %s", owner, path, e)
+
+
+def _limiter(name: str) -> trio.CapacityLimiter:
+    var = _LIMITERS[name]
+    try:
+        return var.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(CPU_THREADS)
+        var.set(limiter)
+        return limiter
+
+
+# One per trio run (a RunVar), each for one kind of work, so that costly `until` patterns
+# cannot hold up the rendering of every other read.
+_LIMITERS = {name: trio.lowlevel.RunVar(f"toolsd_{name}_threads")
+             for name in ("until", "render")}
+
+
+async def _search(until: UntilPattern, data: bytes, context: str) -> bool:
+    if until.work(len(data)) <= INLINE_SEARCH_WORK:
+        found = until.search(data, context)
+        await trio.lowlevel.checkpoint()  # many cheap steps in a row still take turns
+        return found
+    # Abandoned at the caller's deadline: the thread finishes its bounded step on its own,
+    # on its private copy of the output.
+    return await trio.to_thread.run_sync(until.search, data, context, abandon_on_cancel=True,
+                                         limiter=_limiter("until"))
 
 
 async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutputResult:
     until = None
     if p.until is not None:
         try:
-            until = re.compile(p.until)
-        except re.error as e:
-            raise ToolsdError(BAD_PARAMS, f"process.output: until is not a valid regular "
-                              f"expression ({e}); fix the pattern") from None
+            until = compile_until(p.until)
+        except ValueError as e:
+            raise ToolsdError(BAD_PARAMS, f"process.output: {e}") from None
     deadline = trio.current_time() + p.wait_s
     while True:
         # A stale or foreign offset past the end reads from the end rather than waiting for
@@ -342,9 +428,11 @@ async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutp
                 continue
         break
     end = proc.ring.end
-    text, truncated, dropped = read_range(proc, start, end, p.max_output_chars)
     if p.since is None:
+        # Taken before rendering (which may let other tasks run), so that a concurrent
+        # reader of the shared mark starts after this read's output.
         proc.read_mark = max(proc.read_mark, end)
+    text, truncated, dropped = await read_range(proc, start, end, p.max_output_chars)
     return ProcessOutputResult(
         id=proc.id, status=proc.status, exit_code=proc.job.exit_code,
         signal=signal_name(proc.job.signal), output=text, next=end,
@@ -358,86 +446,52 @@ MARKER_SINCE = re.compile(r"\n\[\.\.\. \d+ bytes left out; process\.output with 
                           r"reads them \.\.\.\]\n")
 
 
-def read_range(proc: BackgroundProcess, start: int, end: int, max_chars: int):
+async def read_range(proc: BackgroundProcess, start: int, end: int, max_chars: int):
     """The output between `start` and `end` as text within `max_chars` characters: all of it
     when it fits, else its head and its tail around one marker line that says where to read
-    the rest. Returns (text, truncated, dropped_bytes)."""
+    the rest. Returns (text, truncated, dropped_bytes). The bytes are read here (the ring
+    changes as output comes); a large rendering runs in a worker thread."""
     if start >= end:
         return "", False, 0
     # A character renders from 1 to 4 bytes (and an invalid byte as 4 chars): read enough
-    # bytes to know whether the whole range fits.
+    # bytes to know whether the whole range fits, and for the tail if it does not.
     data, nxt, dropped = proc.read(start, min(end - start, 4 * max_chars + 4))
     pos = nxt - len(data)
-    if nxt == end:
-        text = render(data)
-        if len(text) <= max_chars:
-            return text, False, dropped
+    tail, tail_pos = data, pos
+    if nxt < end:
+        want = min(end - pos, 4 * max_chars + 3)
+        tail, tail_next, _ = proc.read(end - want, want)
+        tail_pos = tail_next - len(tail)
+    fit = partial(fit_range, data, pos, tail, tail_pos, end, max_chars)
+    if len(data) + (len(tail) if tail is not data else 0) <= INLINE_RENDER_BYTES:
+        text, truncated = fit()
+    else:
+        text, truncated = await trio.to_thread.run_sync(fit, limiter=_limiter("render"))
+    return text, truncated, dropped
+
+
+def fit_range(data: bytes, pos: int, tail: bytes, tail_pos: int, end: int,
+              max_chars: int) -> tuple[str, bool]:
+    """Pure part of read_range: `data` is the output from `pos`, `tail` the output from
+    `tail_pos` up to `end` (the range's end). Linear in max_chars."""
+    if pos + len(data) == end:
+        text, used = head_piece(data, max_chars, final=True)
+        if used == len(data):
+            return text, False
     if max_chars == 0:
-        return "", True, dropped
+        return "", True
     marker_room = len(MARKER.format(left=end, since=end))
     if marker_room >= max_chars:
-        head, _used = fit_head(data, max_chars)
-        return head, True, dropped
+        return head_piece(data, max_chars)[0], True
     budget = (max_chars - marker_room) // 2
-    head, head_bytes = fit_head(data, budget)
+    head, head_bytes = head_piece(data, budget)
     head_next = pos + head_bytes
     tail_budget = max_chars - marker_room - len(head)
-    want = min(end - head_next, 4 * tail_budget + 3)
-    tail_data, _next, _ = proc.read(end - want, want)
-    tail, tail_bytes = fit_tail(tail_data, tail_budget)
+    lo = max(head_next, end - (4 * tail_budget + 3), tail_pos)
+    tail_text, tail_bytes = tail_piece(tail[lo - tail_pos:], tail_budget,
+                                       at_boundary=lo == head_next)
     marker = MARKER.format(left=end - tail_bytes - head_next, since=head_next)
-    return head + marker + tail, True, dropped
-
-
-def _complete_prefix(data: bytes) -> bytes:
-    """`data` without a UTF-8 sequence cut off by its end (the next read starts there)."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte < 0x80:
-            return data
-        if byte >= 0xC0:  # a lead byte: is its sequence complete?
-            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            return data if back >= need else data[:-back]
-    return data
-
-
-def _skip_continuations(data: bytes) -> bytes:
-    skip = 0
-    while skip < 3 and skip < len(data) and 0x80 <= data[skip] <= 0xBF:
-        skip += 1
-    return data[skip:]
-
-
-def fit_head(data: bytes, budget: int) -> tuple[str, int]:
-    """The longest rendered prefix of `data` within `budget` chars, and its byte length."""
-    lo, hi = 0, min(len(data), 4 * budget + 3)
-    best = ("", 0)
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        piece = _complete_prefix(data[:mid])
-        text = render(piece)
-        if len(text) <= budget:
-            best = (text, len(piece))
-            lo = mid + 1
-        else:
-            hi = mid - 1
-    return best
-
-
-def fit_tail(data: bytes, budget: int) -> tuple[str, int]:
-    """The longest rendered suffix of `data` within `budget` chars, and its byte length."""
-    lo, hi = 0, min(len(data), 4 * budget + 3)
-    best = ("", 0)
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        piece = _skip_continuations(data[len(data) - mid:]) if mid else b""
-        text = render(piece)
-        if len(text) <= budget:
-            best = (text, len(piece))
-            lo = mid + 1
-        else:
-            hi = mid - 1
-    return best
+    return head + marker + tail_text, True
 
 
 async def stop(proc: BackgroundProcess, p) -> ProcessStopResult:
