@@ -19,6 +19,20 @@ HAVE_BWRAP = shutil.which("bwrap") is not None
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")
 
 
+STARTED: list[RunningDaemon] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_daemon_outlives_the_tests():
+    """Whatever a failing test skipped, no daemon (and so no sandbox: --die-with-parent) is
+    left running after the run."""
+    yield
+    for d in STARTED:
+        if d.proc is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
 class RunningDaemon:
     def __init__(self, root: str, extra_args: tuple[str, ...] = (), env: dict | None = None):
         self.root = root
@@ -41,6 +55,7 @@ class RunningDaemon:
         self.log_path = os.path.join(root, "daemon.log")
 
     def start(self) -> RunningDaemon:
+        STARTED.append(self)
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "toolsd", "serve", "--socket", self.socket,
@@ -87,6 +102,11 @@ class RunningDaemon:
         self.proc.send_signal(sig)
         try:
             code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # a daemon that hangs on SIGTERM is a failure, never a leftover
+            self.proc.wait()
+            raise AssertionError(f"toolsd did not stop within 60 s of {sig!r}\n"
+                                 f"{self.read_log()[-3000:]}") from None
         finally:
             self.proc.stdout.close()
             self.log.close()
