@@ -206,3 +206,19 @@ def test_git_folder_cannot_be_swapped_for_one_with_hostile_config(daemon, client
     assert os.path.isdir(os.path.join(daemon.workspace, ".git", "hooks"))
     with open(os.path.join(daemon.workspace, ".git", "config")) as f:
         assert f.read() == "[core]\n"
+
+
+def test_stopping_the_launcher_from_inside_breaks_only_that_session(daemon, client):
+    import toolsd.shell
+
+    s = client.session_open(daemon.workspace)["session"]
+    other = client.session_open(daemon.workspace)["session"]
+    # Freeze the launcher and its spare shim (every copy of driver/launcher.py but the shim
+    # of this very command, $PPID).
+    client.shell_run(s, "for p in $(pgrep -f driver/launcher.py); do "
+                        "[ $p != $PPID ] && kill -STOP $p; done; true", timeout_s=5)
+    with pytest.raises(Exception) as e:
+        client.shell_run(s, "echo never", timeout_s=5)
+    assert getattr(e.value, "code", "") == "session_closed"
+    assert client.shell_run(other, "echo fine")["output"] == "fine\n"
+    assert toolsd.shell.SPAWN_TIMEOUT_S < 60

@@ -29,6 +29,8 @@ KILL_GRACE_S = 0.2
 # looking for leftovers ourselves.
 LEFTOVER_CHECK_S = 0.05
 READ_SIZE = 256 * 1024
+# A spawn that takes longer than this means the session's launcher was stopped from inside.
+SPAWN_TIMEOUT_S = 10.0
 
 
 def signal_name(number: int | None) -> str | None:
@@ -65,9 +67,16 @@ async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, 
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     devnull = open_devnull()
     try:
-        job = await session.launcher.spawn(
-            argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd, stderr=write_fd,
-            rlimits=session.rlimits, extra_fds=extra_fds)
+        with trio.move_on_after(SPAWN_TIMEOUT_S) as waited:
+            job = await session.launcher.spawn(
+                argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd, stderr=write_fd,
+                rlimits=session.rlimits, extra_fds=extra_fds)
+        if waited.cancelled_caught:
+            # The launcher answers in milliseconds; one that does not was stopped or
+            # killed by a command of the session (it is in the session's pid namespace).
+            # Nothing can be started or supervised there any more: end the sandbox.
+            await session.launcher.aclose()
+            raise LauncherDied("the launcher did not answer")
     except LauncherDied:
         os.close(read_fd)
         raise ToolsdError(SESSION_CLOSED, f"session {session.id} is closed or its sandbox "
