@@ -67,7 +67,8 @@ def timed(fn, n: int, warmup: int = 20) -> list[float]:
 @contextlib.contextmanager
 def running_daemon(*extra: str):
     root = tempfile.mkdtemp(prefix="toolsd-bench-", dir="/tmp")
-    sock = os.path.join(root, "toolsd.sock")
+    # The socket in a folder of its own: sessions may not open workspaces inside it.
+    sock = os.path.join(root, "run", "toolsd.sock")
     proc = subprocess.Popen(
         [sys.executable, "-m", "toolsd", "serve", "--socket", sock,
          "--state-dir", os.path.join(root, "state"), *extra],
