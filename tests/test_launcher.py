@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from toolsd.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
+from toolsd.session import own_files_under_tmp
 
 BWRAP = shutil.which("bwrap")
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -26,8 +27,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def bwrap_prefix(folder: str) -> list[str]:
+    # A checkout under /tmp needs its own files bound back over the sandbox's private /tmp.
+    own = [a for p in own_files_under_tmp() for a in ("--ro-bind", p, p)]
     return [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--bind", folder, folder, "--unshare-user", "--unshare-pid", "--unshare-ipc",
+            *own, "--bind", folder, folder, "--unshare-user", "--unshare-pid", "--unshare-ipc",
             "--unshare-uts", "--unshare-net", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--"]
 
