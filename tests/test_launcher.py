@@ -16,6 +16,7 @@ import time
 import psutil
 import pytest
 import trio
+import trio.testing
 
 from toolsd.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
 from toolsd.session import own_files_under_tmp
@@ -214,6 +215,14 @@ async def test_ignored_signals_are_reset_for_the_command(launcher):
     assert status == (0, None)
     ignored = {sig for sig in range(1, 65) if int(output.split()[1], 16) & (1 << (sig - 1))}
     assert ignored <= {32, 33}
+
+
+async def test_commands_run_with_the_normal_scheduling_policy(launcher):
+    # The launcher forks its spares under the batch policy; a command must not inherit it.
+    output, status = await run(launcher, [PY, "-I", "-S", "-c",
+                                          "import os; print(os.sched_getscheduler(0))"])
+    assert status == (0, None)
+    assert int(output) == os.SCHED_OTHER
 
 
 async def test_rlimits_apply_to_the_command(launcher):
@@ -432,3 +441,165 @@ async def test_spawn_latency_figures(nursery, tmp_path, capsys):
         figures["bwrap per command"] = median_ms(samples)
     with capsys.disabled():
         print(f"\nspawn-to-exit of bash -c true, median ms: {figures}")
+
+
+# ---------------------------------------------------------------- spares
+
+# Runs in the sandbox: for each line "PID SIGNAL" on stdin, sends the signal, answers "sent".
+SIGNALLER = textwrap.dedent("""
+    import os, sys
+    for line in sys.stdin:
+        pid, sig = line.split()
+        os.kill(int(pid), int(sig))
+        print("sent", flush=True)
+""")
+
+
+def pid_in_sandbox(host_pid: int) -> int:
+    """The pid the sandbox sees for a host pid (the innermost of NSpid)."""
+    with open(f"/proc/{host_pid}/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    raise AssertionError(f"no NSpid line for {host_pid}")
+
+
+async def wait_exited(pid: int) -> None:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+
+
+async def test_request_waiting_while_the_spares_are_killed_runs_on_a_new_spare(launcher):
+    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+    # A generous bound, only so that a lost request fails the test instead of hanging it.
+    with trio.fail_after(30):
+        try:
+            signaller, out_fd = await spawn_piped(launcher, [PY, "-I", "-S", "-c", SIGNALLER],
+                                                  stdin=stdin_r)
+        finally:
+            os.close(stdin_r)
+        # The launcher refills its spares when a shim exits: once one has, a round trip
+        # finds them forked.
+        quick, quick_out = await spawn_piped(launcher, ["true"])
+        os.close(quick_out)
+        await wait_exited(quick.shim_pid)
+        await launcher.ping()
+        children = {child.pid for child in psutil.Process(launcher.host_pid).children()}
+        spares = children - {signaller.shim_pid}
+        assert len(spares) == 2, (children, signaller.shim_pid)  # the reader and a standby
+        async with trio.lowlevel.FdStream(out_fd) as signaller_out:
+            async def signal_from_inside(sig):
+                for spare in spares:
+                    os.write(stdin_w, b"%d %d\n" % (pid_in_sandbox(spare), sig))
+                    assert await read_line(signaller_out) == b"sent\n"
+
+            await signal_from_inside(signal.SIGSTOP)
+            result = {}
+
+            async def run_after():
+                result["run"] = await run(launcher, ["echo", "after the spares died"])
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_after)
+                # Blocked means waiting for the answer: the request sits in the channel, and
+                # the stopped spares will never read it.
+                await trio.testing.wait_all_tasks_blocked()
+                await signal_from_inside(signal.SIGKILL)
+            assert result["run"] == (b"after the spares died\n", (0, None))
+            for spare in spares:
+                await wait_exited(spare)
+            assert_gone(spares)
+            os.close(stdin_w)
+            assert await signaller.wait() == (0, None)
+
+
+def faulty_launcher(folder, function: str, after: bool) -> str:
+    """A launcher whose first call of `function` in a spare SIGKILLs that spare (before or
+    after the call): a spare dying at exactly that point of taking a job."""
+    script = folder / "faulty_launcher.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {os.path.dirname(LAUNCHER_PY)!r})
+        import launcher
+
+        def first_time():
+            try:
+                os.close(os.open({str(folder / "fault-done")!r},
+                                 os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                return True
+            except FileExistsError:
+                return False
+
+        original = launcher.{function}
+
+        def faulty(*args):
+            if not {after!r} and first_time():
+                os.kill(os.getpid(), signal.SIGKILL)
+            result = original(*args)
+            if {after!r} and first_time():
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+
+        launcher.{function} = faulty
+        sys.exit(launcher.main())
+    """))
+    return str(script)
+
+
+@pytest.mark.parametrize("fault", [
+    pytest.param(("claim", True), id="killed-after-claiming-before-receiving"),
+    pytest.param(("start_command", False), id="killed-after-receiving"),
+])
+async def test_spare_killed_while_taking_a_job_fails_it_and_never_runs_it(
+        nursery, wrapper, tmp_path, fault):
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV,
+                                    launcher_py=faulty_launcher(tmp_path, *fault))
+    pids = tree_pids(launcher)
+    try:
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            with trio.fail_after(20):  # a lost request would hang here forever
+                with pytest.raises(LauncherError, match="shim died before starting"):
+                    await launcher.spawn(["echo", "victim"], cwd="/", env=ENV,
+                                         stdin=write_fd, stdout=write_fd, stderr=write_fd)
+                survivor = await launcher.spawn(["echo", "survivor"], cwd="/", env=ENV,
+                                                stdin=write_fd, stdout=write_fd,
+                                                stderr=write_fd)
+        finally:
+            os.close(write_fd)
+        # EOF comes once every copy of the pipe is closed, including the victim's request's
+        # (dropped or gone with the spare): had the victim run, its output would be here.
+        assert await read_all(read_fd) == b"survivor\n"
+        assert await survivor.wait() == (0, None)
+        assert (tmp_path / "fault-done").exists()
+    finally:
+        pids |= tree_pids(launcher)
+        await launcher.aclose()
+        assert_gone(pids)
+
+
+async def test_spares_that_keep_dying_fail_the_request_clearly(nursery, wrapper, tmp_path):
+    script = tmp_path / "spares_die.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {os.path.dirname(LAUNCHER_PY)!r})
+        import launcher
+        launcher.take_job = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+        sys.exit(launcher.main())
+    """))
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=str(script))
+    pids = tree_pids(launcher)
+    try:
+        with trio.fail_after(20):  # without a limit the launcher would fork forever
+            with pytest.raises(LauncherError, match="shims were killed before they could start"):
+                await launcher.spawn(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2)
+            await launcher.ping()
+    finally:
+        await launcher.aclose()
+        assert_gone(pids)

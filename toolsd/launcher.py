@@ -49,7 +49,7 @@ class LauncherDied(LauncherError):
 
 class Job:
     """One command spawned by the launcher. pid / shim_pid are HOST pids (-1 if the process
-    was already gone when its pid was read, which the launcher's ack makes rare).
+    was already gone when its pid was read, which the ack of `started` makes rare).
 
     `exited` is set when the command exits, and also when the launcher dies (nothing more will
     be reported then: exit_code and signal stay None and `lost` is True); `done` when the shim
@@ -88,14 +88,23 @@ class Job:
 def _host_pid(pidfd: int) -> int:
     """The pid a pidfd refers to, in the host's pid namespace (fdinfo is rendered for the
     namespace of the procfs we read, and ours is the host's)."""
+    # Raw os calls: this runs on every spawn's critical path, and a text file costs 3x more.
     try:
-        with open(f"/proc/self/fdinfo/{pidfd}") as f:
-            for line in f:
-                if line.startswith("Pid:"):
-                    return int(line.split()[1])
+        fd = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            info = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError:
-        pass
-    return -1
+        return -1
+    start = info.find(b"\nPid:")
+    if start == -1:
+        return -1
+    end = info.find(b"\n", start + 5)
+    try:
+        return int(info[start + 5:end if end != -1 else None])
+    except ValueError:
+        return -1
 
 
 def _pidfds_between(top: int, bottom: int) -> list[int]:
@@ -140,9 +149,11 @@ class Launcher:
     The fds given to `spawn` stay the caller's: close your copies of the child's ends once
     `spawn` returns, so that you see EOF when the command's tree is done with them."""
 
-    def __init__(self, sock: trio.socket.SocketType, proc: subprocess.Popen, errfile,
-                 wrapper_fd: int):
-        self._sock = sock
+    def __init__(self, sock: trio.socket.SocketType, spawn_sock: trio.socket.SocketType,
+                 proc: subprocess.Popen, errfile, wrapper_fd: int, launcher_py: str):
+        self._sock = sock  # control channel: the launcher and every shim write to us here
+        self._spawn_sock = spawn_sock  # spawn channel: read by the launcher's spare shim only
+        self._launcher_py = launcher_py
         self._proc = proc
         self._errfile = errfile
         self._wrapper_fd = wrapper_fd
@@ -157,7 +168,7 @@ class Launcher:
         self._numbers = itertools.count(1)
         self._pongs: dict[int, trio.Event] = {}
         self._send_lock = trio.Lock()
-        self._acks_in, self._acks_out = trio.open_memory_channel[int](float("inf"))
+        self._spawn_lock = trio.Lock()
         self._scope = trio.CancelScope()
         self._tasks_done = trio.Event()
         self._closing = False
@@ -167,27 +178,37 @@ class Launcher:
 
     @classmethod
     async def start(cls, nursery: trio.Nursery, *, wrapper: list[str], env: dict[str, str],
-                    python: str = sys.executable, cwd: str = "/") -> Launcher:
-        """Start `wrapper + [python, -I, -S, launcher.py, FD]` and wait until the launcher says
-        it is ready. Raises LauncherError with the wrapper's own error text if it never does."""
+                    python: str = sys.executable, cwd: str = "/",
+                    launcher_py: str = LAUNCHER_PY) -> Launcher:
+        """Start `wrapper + [python, -I, -S, launcher_py, FD, SPAWN_FD]` and wait until the
+        launcher says it is ready. Raises LauncherError with the wrapper's own error text if it
+        never does. `launcher_py` is for tests that wrap the launcher to inject faults."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        spawn_ours, spawn_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         errfile = tempfile.TemporaryFile(prefix="toolsd-launcher-", suffix=".err")
-        argv = [*wrapper, python, "-I", "-S", LAUNCHER_PY, str(theirs.fileno())]
+        argv = [*wrapper, python, "-I", "-S", launcher_py, str(theirs.fileno()),
+                str(spawn_theirs.fileno())]
         try:
             # Popen from the trio thread, not trio.lowlevel.open_process: bwrap's
             # --die-with-parent fires when the *thread* that forked it exits, and trio's
             # worker threads are retired when idle.
             proc = subprocess.Popen(
-                argv, pass_fds=(theirs.fileno(),), start_new_session=True, env=env, cwd=cwd,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errfile)
+                argv, pass_fds=(theirs.fileno(), spawn_theirs.fileno()), start_new_session=True,
+                env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=errfile)
         except OSError as e:
             ours.close()
+            spawn_ours.close()
             errfile.close()
             raise LauncherError(f"cannot start the sandbox launcher ({argv[0]}): {e.strerror}; "
                                 f"check that it is installed and the cwd {cwd!r} exists") from None
         finally:
-            theirs.close()  # the launcher holds the only copy: its exit gives us EOF
-        self = cls(trio.socket.from_stdlib_socket(ours), proc, errfile, os.pidfd_open(proc.pid))
+            # The launcher's side holds the only copies: its exit gives us EOF.
+            theirs.close()
+            spawn_theirs.close()
+        self = cls(trio.socket.from_stdlib_socket(ours),
+                   trio.socket.from_stdlib_socket(spawn_ours), proc, errfile,
+                   os.pidfd_open(proc.pid), launcher_py)
         try:
             with trio.fail_after(READY_TIMEOUT_S):
                 await self._receive_ready()
@@ -254,12 +275,14 @@ class Launcher:
             return {"op": "unreadable"}, []  # dropped; the launcher never sends such things
         return msg, fds
 
-    async def _send(self, msg: dict, fds: Sequence[int] = ()) -> None:
+    async def _send(self, msg: dict, fds: Sequence[int] = (), *, spawn: bool = False) -> None:
         data = json.dumps(msg, separators=(",", ":")).encode()
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        async with self._send_lock:
+        sock, lock = (self._spawn_sock, self._spawn_lock) if spawn else (self._sock,
+                                                                          self._send_lock)
+        async with lock:
             try:
-                await self._sock.sendmsg([data], anc)
+                await sock.sendmsg([data], anc)
             except OSError as e:
                 if e.errno == errno.EMSGSIZE:
                     raise LauncherError(f"the command and its environment are too large to "
@@ -272,7 +295,6 @@ class Launcher:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_launcher)
-                    nursery.start_soon(self._send_acks)
                     await self._read_loop()
                     nursery.cancel_scope.cancel()
         finally:
@@ -289,15 +311,6 @@ class Launcher:
         self._mark_dead("the sandbox launcher exited (killed from inside the sandbox?); close "
                         "the session and open a new one")
 
-    async def _send_acks(self) -> None:
-        # Acks go out from their own task so the reader never blocks on a send while the
-        # launcher blocks sending to us.
-        async for job in self._acks_out:
-            try:
-                await self._send({"op": "ack", "job": job})
-            except LauncherError:
-                return
-
     async def _read_loop(self) -> None:
         while True:
             try:
@@ -312,6 +325,8 @@ class Launcher:
             try:
                 self._dispatch(msg, fds)
             finally:
+                # Closing the ack pipe of a `started` tells its shim that we have read the host
+                # pids: it may reap the command now.
                 _close_all(fds)
 
     def _dispatch(self, msg: dict, fds: list[int]) -> None:
@@ -324,18 +339,17 @@ class Launcher:
         job = self._jobs.get(msg.get("job"))
         if job is None:
             return  # e.g. the launcher's second word on a shim that already reported
-        if op == "started" and len(fds) >= 2 and job.pid == -1:
+        if op == "started" and len(fds) >= 2 and not job._answered.is_set():
             job.pid = _host_pid(fds[0])
             job.shim_pid = _host_pid(fds[1])
             job._started_at = time.time()
-            self._acks_in.send_nowait(job.job)
             if job._abandoned:
                 try:
                     signal.pidfd_send_signal(fds[0], signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             job._answered.set()
-        elif op == "error" and job.pid == -1:
+        elif op == "error" and not job._answered.is_set():
             job._error = str(msg.get("message") or "the launcher could not start the command")
             del self._jobs[job.job]
             job._answered.set()
@@ -345,6 +359,9 @@ class Launcher:
             job._reported = True
             job.lost = False
             job.exited.set()
+            if msg.get("done"):
+                del self._jobs[job.job]
+                job.done.set()
         elif op == "done":
             del self._jobs[job.job]
             job.done.set()
@@ -384,7 +401,7 @@ class Launcher:
         msg = {"op": "spawn", "job": job.job, "argv": job.argv, "cwd": cwd, "env": dict(env),
                "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()}}
         try:
-            await self._send(msg, [stdin, stdout, stderr, *extra_fds])
+            await self._send(msg, [stdin, stdout, stderr, *extra_fds], spawn=True)
         except BaseException:
             del self._jobs[job.job]  # never sent: nothing will answer for it
             raise
@@ -435,6 +452,7 @@ class Launcher:
                 await self._tasks_done.wait()
                 # EOF tells the launcher to kill its whole tree, reap it and exit: the clean
                 # way, which leaves no zombie for the host's init to collect.
+                self._spawn_sock.close()
                 self._sock.close()
                 if not await self._wait_exits(CLEAN_EXIT_S):
                     await self._force_end()
@@ -489,7 +507,7 @@ class Launcher:
                 continue
             try:
                 proc = psutil.Process(job.shim_pid)
-                if (LAUNCHER_PY in proc.cmdline()
+                if (self._launcher_py in proc.cmdline()
                         and proc.create_time() <= job._started_at + 0.05):
                     shims.append(job.shim_pid)
             except psutil.Error:
@@ -498,7 +516,7 @@ class Launcher:
 
     def _release(self) -> None:
         self._sock.close()
-        self._acks_in.close()
+        self._spawn_sock.close()
         for fd in (self._launcher_fd, self._wrapper_fd, *self._between_fds):
             if fd != -1:
                 trio.lowlevel.notify_closing(fd)
