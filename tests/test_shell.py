@@ -13,7 +13,7 @@ import psutil
 import pytest
 import trio
 
-from conftest import needs_bwrap, wait_gone
+from conftest import has_ended, needs_bwrap, wait_gone
 from toolsd.client import ToolsdError
 
 
@@ -165,7 +165,7 @@ def test_closed_session_refuses_and_leaves_nothing(daemon, client, session):
     with pytest.raises(ToolsdError) as e:
         client.shell_run(session, "true")
     assert e.value.code in ("not_found", "session_closed")
-    assert [p for p in daemon.tree() if p.is_running()] == []
+    assert [p for p in daemon.tree() if not has_ended(p)] == []
 
 
 def test_daemon_stop_leaves_no_process(daemon, client, session):
