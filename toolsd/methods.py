@@ -7,7 +7,7 @@ the connection, not the sessions).
 
 from __future__ import annotations
 
-from . import images, processes, shell
+from . import images, processes, repl, shell
 from .protocol import (
     CancelParams,
     HelloParams,
@@ -78,8 +78,6 @@ async def shell_run(sup, p: ShellRunParams):
 
 
 async def repl_exec(sup, p: ReplExecParams):
-    from . import repl
-
     return await repl.execute(sup.session(p.session), p)
 
 

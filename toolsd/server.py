@@ -23,9 +23,11 @@ from . import methods
 from .framing import FrameReader, FrameTooLarge, encode_frame
 from .protocol import (
     BAD_FRAME,
+    BAD_PARAMS,
     CANCELLED,
     FRAME_TOO_LARGE,
     INTERNAL,
+    NOT_FOUND,
     UNKNOWN_METHOD,
     ErrorBody,
     Reply,
@@ -129,7 +131,7 @@ class Connection:
         params_type, handler = entry
         scope = trio.CancelScope()
         if request.id in self.in_flight:
-            return _error(request.id, "bad_params",
+            return _error(request.id, BAD_PARAMS,
                           f"request id {request.id} is already in flight on this connection")
         self.in_flight[request.id] = scope
         try:
@@ -155,7 +157,7 @@ class Connection:
             return _error(request.id, e.code, e.message)
         scope = self.in_flight.get(params.request)
         if scope is None:
-            return _error(request.id, "not_found",
+            return _error(request.id, NOT_FOUND,
                           f"no request {params.request} is in flight on this connection")
         scope.cancel()
         return Reply(id=request.id, result={})
