@@ -143,6 +143,18 @@ def short_tempdir() -> str:
     return tempfile.mkdtemp(prefix="toolsd-t-", dir="/var/tmp")
 
 
+def module_daemon():
+    """The body of a module-scoped daemon fixture (`yield from module_daemon()`): one daemon
+    for a whole test file, stopped and checked at its end, its folder removed."""
+    root = short_tempdir()
+    d = RunningDaemon(root).start()
+    try:
+        yield d
+        assert d.stop() == 0, d.read_log()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture
 def daemon_root():
     root = short_tempdir()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir
+from conftest import needs_bwrap, module_daemon as shared_daemon
 from toolsd.cli_processes import format_bytes, format_duration, format_table, next_piece
 from toolsd.output import render
 from toolsd.processes import MARKER
@@ -25,11 +24,7 @@ pytestmark = needs_bwrap
 @pytest.fixture(scope="module")
 def daemon():
     """One daemon for the module (starting and stopping one costs more than a test here)."""
-    root = short_tempdir()
-    d = RunningDaemon(root).start()
-    yield d
-    assert d.stop() == 0, d.read_log()
-    shutil.rmtree(root, ignore_errors=True)
+    yield from shared_daemon()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from PIL import Image
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir
+from conftest import RunningDaemon, needs_bwrap, short_tempdir, module_daemon as shared_daemon
 from toolsd.client import ToolsdError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,13 +60,7 @@ def error_of(call) -> ToolsdError:
 def daemon():
     """One daemon for the module (starting and stopping one costs seconds); each test gets
     its own workspace and session. At the end nothing it started may be left."""
-    root = short_tempdir()
-    d = RunningDaemon(root).start()
-    try:
-        yield d
-    finally:
-        assert d.stop() == 0, d.read_log()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from shared_daemon()
 
 
 @pytest.fixture(scope="module")

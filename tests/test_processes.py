@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -15,7 +14,7 @@ import psutil
 import pytest
 import trio
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir, wait_gone
+from conftest import RunningDaemon, needs_bwrap, wait_gone, module_daemon as shared_daemon
 from toolsd.client import ToolsdError
 from toolsd.processes import LOG_CAP_BYTES, MAX_LIVE_PER_SESSION
 
@@ -54,11 +53,7 @@ time.sleep(1000)
 def daemon():
     """One daemon for the tests that do not restart or kill it (a daemon start and stop cost
     more than most tests here); each test gets its own session, closed after it."""
-    root = short_tempdir()
-    d = RunningDaemon(root).start()
-    yield d
-    assert d.stop() == 0, d.read_log()
-    shutil.rmtree(root, ignore_errors=True)
+    yield from shared_daemon()
 
 
 @pytest.fixture

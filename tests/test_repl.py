@@ -16,7 +16,7 @@ import psutil
 import pytest
 import trio
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir
+from conftest import RunningDaemon, needs_bwrap, module_daemon as shared_daemon
 from toolsd.client import ToolsdError
 from toolsd.framing import FrameReader, encode_frame
 
@@ -43,13 +43,7 @@ class _OneWorkspace:
 def module_daemon():
     # One daemon for the module: starting and stopping one per test would cost most of the
     # file's time. Each test gets its own workspace and session, closed at its end.
-    root = short_tempdir()
-    d = RunningDaemon(root).start()
-    yield d
-    try:
-        assert d.stop() == 0, d.read_log()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    yield from shared_daemon()
 
 
 @pytest.fixture
