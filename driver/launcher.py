@@ -5,31 +5,41 @@ our end of the spawn channel: two SOCK_SEQPACKET socketpairs whose other ends th
 Each datagram is one JSON object; file descriptors ride along with SCM_RIGHTS. Seqpacket keeps
 datagrams whole, so the launcher and every shim write to the control channel without a lock.
 
-    daemon -> spare shim, spawn channel: spawn (fds: the child's fds 0, 1, 2, ...)
+    daemon -> reader shim, spawn channel: spawn (fds: the child's fds 0, 1, 2, ...)
     daemon -> launcher:  ping
     launcher -> daemon:  ready (fds: pidfd of the launcher), pong, error
-    shim -> daemon:      started (fds: pidfd of the command, pidfd of the shim, ack pipe),
+    shim -> daemon:      started (fds: pidfd of the command, pidfd of the shim, hold pipe),
                          error, exited ("done": true when nothing of the tree is left), done
-    spare -> launcher:   "took" on its private socketpair; the job it takes in shared memory
+    shim -> launcher:    "took", "idle" or "retire" on its private socketpair; the job it
+                         takes in shared memory
     launcher -> standby: "go" + the JSON list of jobs to drop, on its private socketpair
 
-A shim is a forked copy of the launcher that is the subreaper ancestor of exactly one command's
-tree: whatever the command leaves behind (setsid, double fork) reparents to the shim, so the
+A shim is a forked copy of the launcher that is the subreaper ancestor of one command's tree at
+a time: whatever the command leaves behind (setsid, double fork) reparents to the shim, so the
 tree stays findable and the shim reports `done` only when nothing of it is left.
 
-A spare shim is forked ahead of time and is the only reader of the spawn channel, so a spawn
-wakes one process, the one that runs it: no fork and no relay on its critical path. The reader
-peeks at the next request, writes its job number to memory it shares with the launcher,
-receives the request, closes its copy of the channel, and says "took" once the command runs;
-a standby spare then becomes the reader (see Launcher for when forks happen). A spare killed
-before writing the job number leaves the request queued for the next reader; one killed
-later is reported as an error for that job by the launcher, and later readers drop the job
-if they find it still queued: a request is never lost and never run twice. The launcher
-reads a waiting request itself only to fail it, when it cannot fork a spare.
+Shims are reused: one whose tree is done, and whose job the daemon has released, goes back to
+the launcher as a standby. Forking a copy of a Python process and tearing it down costs more
+CPU than the command `true` itself, so a fork happens only when no idle shim is there.
 
-The ack: `started` carries the write end of a pipe, which the daemon closes once it has read
-the host pids from the pidfds. Until then the shim keeps an exited command unreaped (its pid
-would read as -1), but reports the exit at once.
+The reader is the only process reading the spawn channel, so a spawn wakes one process, the
+one that runs it: no fork and no relay on its critical path. The reader peeks at the next
+request, writes its job number to memory it shares with the launcher, receives the request and
+says "took" once the command runs; a standby then becomes the reader (see Launcher for when
+forks happen). A reader killed before writing the job number leaves the request queued for the
+next reader; one killed later is reported as an error for that job by the launcher, and later
+readers drop the job if they find it still queued: a request is never lost and never run twice.
+The launcher reads a waiting request itself only to fail it, when it cannot fork a shim.
+
+The hold pipe: `started` carries its write end. The daemon writes a byte once it has read the
+host pids from the pidfds (until then the shim keeps an exited command unreaped, or its pid
+would read as -1, but reports the exit at once), and closes it when it will no longer touch
+the shim's tree by pid (the job is done and no kill of it is under way): only then may the shim
+take another job. EOF counts as both.
+
+Resource limits are applied to the shim before it spawns (posix_spawn cannot set them), and a
+raised hard limit cannot be lowered back: a shim only takes jobs asking the limits it already
+has, and retires when a request asks others.
 
 When the daemon's end closes (the daemon exited, even by SIGKILL) the launcher kills every
 descendant and exits.
@@ -59,11 +69,11 @@ ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 # never see SIGPIPE (`yes | head` would spin) unless we put the defaults back.
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 SIGCHLD, SIGTERM = int(signal.SIGCHLD), int(signal.SIGTERM)
-# Spares dying in a row without taking a job (killed from inside the sandbox as soon as they
+# Readers dying in a row without taking a job (killed from inside the sandbox as soon as they
 # are forked) before the launcher fails the waiting request instead of forking again.
-MAX_SPARE_DEATHS = 3
-# Shared between the launcher and one spare: (taken, job), written by the spare before it
-# receives the request. The launcher reads it when the spare says "took" or dies.
+MAX_READER_DEATHS = 3
+# Shared between the launcher and one shim: (taken, job), written by the shim as the reader
+# before it receives the request. The launcher reads it when the shim says "took" or dies.
 SLOT = struct.Struct("qq")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -203,31 +213,22 @@ class StartError(Exception):
     pass
 
 
-def start_command(req, fds):
-    """chdir, rlimits, posix_spawn. Runs in the shim, so the chdir and the limits touch only
-    this command. Returns the command's pid."""
-    argv = req["argv"]
-    env = req["env"]
-    cwd = req["cwd"]
-    if not argv:
-        raise StartError("empty argv: give at least the program to run")
-    try:
-        os.chdir(cwd)
-    except OSError as e:
-        raise StartError("cannot use working directory %r: %s; create it or choose another cwd"
-                         % (cwd, e.strerror))
-    program = which(argv[0], env.get("PATH"))
-    if program is None:
-        raise StartError("no such program: %r is not on PATH=%s; check the name or give a full "
-                         "path" % (argv[0], env.get("PATH", os.defpath)))
-    # Received fds may already sit on 0..n-1; dup them all above the targets first so no dup2
-    # overwrites a source still needed, and none is a no-op dup2 that would keep CLOEXEC.
-    floor = max(10, len(fds))
-    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
-    for fd in fds:
-        os.close(fd)
-    try:
-        for name, (soft, hard) in (req.get("rlimits") or {}).items():
+class Limits:
+    """The resource limits this shim has set on itself for its commands (posix_spawn cannot
+    set them on the child). None: the ones it inherited, which fit any request."""
+
+    def __init__(self):
+        self.applied = None
+        self.unknown = False  # a setrlimit failed midway: retire after this job
+
+    def fits(self, rlimits):
+        return self.applied is None or self.applied == rlimits
+
+    def apply(self, rlimits):
+        if rlimits == self.applied:
+            return
+        self.unknown = True
+        for name, (soft, hard) in rlimits.items():
             which_limit = getattr(resource, "RLIMIT_" + name.upper(), None)
             if which_limit is None:
                 raise StartError("unknown resource limit %r (use e.g. as, fsize, cpu, nofile, "
@@ -237,6 +238,35 @@ def start_command(req, fds):
             except (OSError, ValueError) as e:
                 raise StartError("cannot set resource limit %s to %r: %s"
                                  % (name, (soft, hard), e))
+        self.applied = rlimits
+        self.unknown = False
+
+
+def start_command(req, fds, limits):
+    """chdir, rlimits, posix_spawn. Runs in the shim, so the chdir and the limits touch only
+    the shim and its commands. Closes fds. Returns the command's pid."""
+    moved = []
+    try:
+        argv = req["argv"]
+        env = req["env"]
+        cwd = req["cwd"]
+        if not argv:
+            raise StartError("empty argv: give at least the program to run")
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            raise StartError("cannot use working directory %r: %s; create it or choose another "
+                             "cwd" % (cwd, e.strerror))
+        program = which(argv[0], env.get("PATH"))
+        if program is None:
+            raise StartError("no such program: %r is not on PATH=%s; check the name or give a "
+                             "full path" % (argv[0], env.get("PATH", os.defpath)))
+        limits.apply(req.get("rlimits") or {})
+        # Received fds may already sit on 0..n-1; dup them all above the targets first so no
+        # dup2 overwrites a source still needed, and none is a no-op dup2 that would keep
+        # CLOEXEC.
+        floor = max(10, len(fds))
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(moved)]
         try:
             return os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
@@ -244,7 +274,7 @@ def start_command(req, fds):
         except OSError as e:
             raise StartError("cannot run %r: %s" % (program, e.strerror))
     finally:
-        for fd in moved:
+        for fd in (*fds, *moved):
             os.close(fd)
 
 
@@ -262,7 +292,7 @@ WARMUP_REQUEST = json.dumps({
 
 def warm_up():
     """Run the spawn path's Python once on a made-up request while we wait for a real one. A
-    forked spare shares its memory with the launcher and the first write to each shared page
+    forked shim shares its memory with the launcher and the first write to each shared page
     copies it (about 6 us a page here): paid now, not on the spawn's critical path."""
     req = json.loads(WARMUP_REQUEST)
     which("warm-up-no-such-program", req["env"]["PATH"])
@@ -277,21 +307,25 @@ def warm_up():
 def claim(slot, job):
     """Tell the launcher, through the memory we share, that we take `job`: done before
     receiving it, so that whenever we die the launcher knows whether a job was ours."""
-    # Job first, then the flag: a spare killed between the two leaves no half-written claim.
+    # Job first, then the flag: a shim killed between the two leaves no half-written claim.
     SLOT.pack_into(slot, 0, 0, job)
     SLOT.pack_into(slot, 0, 1, job)
 
 
-def take_job(spawn, private, lost, slot, buf):
+RETIRE = "retire"
+
+
+def take_job(spawn, private, lost, slot, buf, limits):
     """Wait for the next request on the spawn channel and take it (see the module docstring).
-    Returns (request, fds), or None once the daemon or the launcher is gone."""
+    Returns (request, fds); None once the daemon or the launcher is gone; RETIRE, leaving the
+    request queued, if it asks for resource limits other than the ones we have set."""
     poller = select.poll()
     poller.register(spawn.fileno(), select.POLLIN)
     poller.register(private.fileno(), select.POLLIN)
     while True:
         events = dict(poller.poll())
         if private.fileno() in events:
-            return None  # the launcher never writes to a spare: this is its end closing
+            return None  # the launcher never writes to a reader: this is its end closing
         size, _anc, flags, _addr = spawn.recvmsg_into([buf], 0, socket.MSG_PEEK)
         if not size:
             return None
@@ -299,11 +333,13 @@ def take_job(spawn, private, lost, slot, buf):
         req = json.loads(buf[:size])
         job = req["job"]
         if job in lost:
-            # Claimed by a spare that died before receiving it, and already failed.
+            # Claimed by a shim that died before receiving it, and already failed.
             _size, fds = recv_into(spawn, buf)
             for fd in fds:
                 os.close(fd)
             continue
+        if not limits.fits(req.get("rlimits") or {}):
+            return RETIRE
         claim(slot, job)
         # We are the channel's only reader: what we receive is what we peeked.
         _size, fds = recv_into(spawn, buf)
@@ -324,49 +360,51 @@ def exit_message_of_status(job, status):
             "signal": None}
 
 
-def tell_took(private):
-    """Tell the launcher we are no longer its spare: from now on it watches the spawn channel
-    for requests nobody reads, and knows our job if we die. Sent before `started`, so that a
-    request the daemon sends after `started` never waits on a launcher that thinks we read."""
+def tell(private, word):
+    """A word to the launcher on our private socketpair."""
     try:
-        private.send(b"took")
+        private.send(word)
     except OSError:
         pass  # the launcher is gone; the sandbox goes with it
-    private.close()
 
 
-def run_job(host, private, req, fds, self_fd, ack_r, ack_w):
-    """Start the command, report it, reap its tree. Never returns: ends in os._exit."""
+def run_job(host, private, req, fds, self_fd, hold_r, hold_w, limits):
+    """Start the command, report it, reap its tree, wait for the daemon's release (see the
+    module docstring). Returns whether this shim may take another job."""
     job = req["job"]
     try:
-        pid = start_command(req, fds)
+        pid = start_command(req, fds, limits)
     except Exception as e:
         message = str(e) if isinstance(e, StartError) else "launcher error: %r" % (e,)
-        tell_took(private)
+        # "took" before any word to the daemon: a request the daemon sends after hearing
+        # from us must never wait on a launcher that thinks we still read.
+        tell(private, b"took")
         send(host, {"op": "error", "job": job, "message": message})
-        os._exit(1)
+        os.close(hold_r)
+        os.close(hold_w)
+        return isinstance(e, StartError) and not limits.unknown
     child_fd = os.pidfd_open(pid)
-    tell_took(private)
-    send(host, {"op": "started", "job": job, "pid": pid}, [child_fd, self_fd, ack_w])
-    os.close(self_fd)
-    os.close(ack_w)
-    # The daemon reads our and the command's host pids from the pidfds, then closes the ack
-    # pipe; until then a quick command must stay an unreaped zombie or its pid would read as
-    # -1. Its exit is reported without waiting for that (WNOWAIT leaves it unreaped).
+    tell(private, b"took")
+    send(host, {"op": "started", "job": job, "pid": pid}, [child_fd, self_fd, hold_w])
+    os.close(hold_w)
+    # The daemon reads our and the command's host pids from the pidfds, then writes to the
+    # hold pipe; until then a quick command must stay an unreaped zombie or its pid would read
+    # as -1. Its exit is reported without waiting for that (WNOWAIT leaves it unreaped).
     exited = None
+    released = False
     poller = select.poll()
     poller.register(child_fd, select.POLLIN)
-    poller.register(ack_r, select.POLLIN)
+    poller.register(hold_r, select.POLLIN)
     acked = False
     while not acked:
         for fd, _event in poller.poll():
-            if fd == ack_r:
+            if fd == hold_r:
                 acked = True
+                released = not os.read(hold_r, 64)
             elif exited is None:
                 exited = exit_message(job, os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT))
                 send(host, exited)
                 poller.unregister(child_fd)
-    os.close(ack_r)
     os.close(child_fd)
     if exited is None:
         # Acked while the command runs (the usual case): reap orphans of its tree as they
@@ -379,7 +417,7 @@ def run_job(host, private, req, fds, self_fd, ack_r, ack_w):
         if not children_left():
             exited["done"] = True  # one message, one wakeup of the daemon
             send(host, exited)
-            os._exit(0)
+            return wait_release(hold_r, released)
         send(host, exited)
     else:
         os.waitpid(pid, 0)
@@ -389,7 +427,20 @@ def run_job(host, private, req, fds, self_fd, ack_r, ack_w):
         except ChildProcessError:
             break
     send(host, {"op": "done", "job": job})
-    os._exit(0)
+    return wait_release(hold_r, released)
+
+
+def wait_release(hold_r, released):
+    """Until the daemon closes the hold pipe: before that it may still kill what it takes for
+    this job's tree, everything below us. True (we may be reused) unless the pipe misbehaves."""
+    try:
+        while not released:
+            released = not os.read(hold_r, 64)
+    except OSError:
+        return False
+    finally:
+        os.close(hold_r)
+    return True
 
 
 def set_policy(policy):
@@ -399,32 +450,45 @@ def set_policy(policy):
         pass  # only a matter of latency
 
 
-def run_spare(host, spawn, private, lost, slot, standby):
-    """Body of a spare shim. Never returns: every path ends in os._exit."""
+# After this many jobs a shim retires and a fresh fork replaces it: its memory does not grow
+# for ever, nor its own CPU time towards the session's RLIMIT_CPU.
+MAX_JOBS_PER_SHIM = 1000
+
+
+def run_shim(host, spawn, private, lost, slot, standby):
+    """Body of a shim. Never returns: every path ends in os._exit."""
     code = 0
     try:
         # Made before a job comes, off the spawn's critical path. The buffer's pages are only
         # touched as far as a request fills them.
         self_fd = os.pidfd_open(os.getpid())
-        ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
         buf = mmap.mmap(-1, MAX_MSG, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if standby or not select.select([spawn], [], [], 0)[0]:
             warm_up()  # it would only delay a request already there
         # The launcher's batch policy was right for forking us; from here on we are on the
         # critical path of a spawn, and the command inherits our policy.
         set_policy(os.SCHED_OTHER)
-        if standby:
-            word = private.recv(MAX_MSG)
-            if not word.startswith(b"go"):
-                os._exit(0)  # the launcher is gone
-            lost = set(json.loads(word[2:]))
-        taken = take_job(spawn, private, lost, slot, buf)
-        if taken is None:
-            os._exit(0)
-        spawn.close()
-        buf.close()
-        slot.close()
-        run_job(host, private, taken[0], taken[1], self_fd, ack_r, ack_w)
+        limits = Limits()
+        for jobs in range(1, MAX_JOBS_PER_SHIM + 1):
+            hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
+            if standby:
+                word = private.recv(MAX_MSG)
+                if not word.startswith(b"go"):
+                    os._exit(0)  # the launcher is gone, or has standbys enough
+                lost = set(json.loads(word[2:]))
+            taken = take_job(spawn, private, lost, slot, buf, limits)
+            if taken is None:
+                os._exit(0)
+            if taken is RETIRE:
+                tell(private, b"retire")
+                os._exit(0)
+            if not run_job(host, private, taken[0], taken[1], self_fd, hold_r, hold_w, limits):
+                os._exit(0)
+            if jobs == MAX_JOBS_PER_SHIM:
+                os._exit(0)
+            SLOT.pack_into(slot, 0, 0, 0)
+            tell(private, b"idle")
+            standby = True
     except BaseException:
         code = 70
         try:
@@ -435,17 +499,18 @@ def run_spare(host, spawn, private, lost, slot, standby):
     os._exit(code)
 
 
-class Spare:
-    """The launcher's hold on a pre-forked shim."""
+class Shim:
+    """The launcher's hold on a forked shim: the reader, a standby, or busy with a job."""
 
     def __init__(self, pid, sock, slot):
         self.pid = pid
         self.sock = sock  # our end of its private socketpair
         self.slot = slot  # memory shared with it: see SLOT
+        self.job = None  # while busy
         self.closed = False  # its socket said EOF: it is exiting, reap() will see it
 
-    def job(self):
-        """The job it has taken, or None."""
+    def claimed(self):
+        """The job it has claimed as the reader, or None."""
         taken, job = SLOT.unpack_from(self.slot)
         return job if taken else None
 
@@ -454,25 +519,34 @@ class Spare:
         self.slot.close()
 
 
+# Idle shims kept as standbys; more go away.
+MAX_STANDBYS = 2
+
+
 class Launcher:
-    """Keeps two spares: the reader, the only process reading the spawn channel, and a
-    standby waiting to be told "go". When the reader takes a job the standby becomes the
-    reader at once (a message, no fork); both are refilled when a shim exits, the likeliest
-    quiet moment, since a fork costs about 1 ms of CPU and on a spawn's critical path it slows
-    the command and the daemon's reply. We run with the batch policy, so that a fork never
-    preempts a spawn's processes on wakeup; spares switch back before they wait."""
+    """Keeps a reader, the only process reading the spawn channel, and standbys waiting to be
+    told "go". When the reader takes a job a standby becomes the reader at once (a message, no
+    fork), and a shim whose job is over becomes a standby. A fork happens when there is no
+    standby to promote: at start, when jobs overlap, or when shims died or retired; the
+    standby is then refilled when a shim exits, the likeliest quiet moment, since a fork costs
+    about 1 ms of CPU and on a spawn's critical path it slows the command and the daemon's
+    reply. We run with the batch policy, so that a fork never preempts a spawn's processes on
+    wakeup; shims switch back before they wait."""
 
     def __init__(self, host, spawn):
         self.host = host
         self.spawn_channel = spawn
         self.reader = None
-        self.standby = None
-        self.spare_deaths = 0  # spares that died in a row without taking a job
-        self.shim_jobs = {}  # shim pid -> its job
-        self.lost_jobs = set()  # taken by spares that died before "took": maybe still queued
+        self.standbys = []
+        self.busy = {}  # pid -> Shim running a job
+        self.reader_deaths = 0  # readers that died in a row without taking a job
+        self.lost_jobs = set()  # taken by readers that died before "took": maybe still queued
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
-    def fork_spare(self, standby):
+    def shims(self):
+        return [s for s in (self.reader, *self.standbys, *self.busy.values()) if s is not None]
+
+    def fork_shim(self, standby):
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         slot = mmap.mmap(-1, SLOT.size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         try:
@@ -486,104 +560,127 @@ class Launcher:
             try:
                 signal.set_wakeup_fd(-1)
                 # _signal, not signal: the wrapper turns the old handler (ours, a function)
-                # into an enum through a raised ValueError, which costs a spare ~100 copied
+                # into an enum through a raised ValueError, which costs a shim ~100 copied
                 # pages (0.5 ms) of the memory it shares with us.
                 _signal.signal(SIGCHLD, _signal.SIG_DFL)
                 _signal.signal(SIGTERM, _signal.SIG_DFL)
                 os.close(self.wake_r)
                 os.close(self.wake_w)
                 parent_end.close()
-                # The other spare's socket: holding it would keep it from seeing our EOF.
-                for other in (self.reader, self.standby):
-                    if other is not None:
-                        other.close()
+                # The other shims' sockets: holding them would keep them from seeing our EOF.
+                for other in self.shims():
+                    other.close()
                 prctl(PR_SET_CHILD_SUBREAPER, 1)
             except BaseException:
                 os._exit(70)
-            run_spare(self.host, self.spawn_channel, child_end, self.lost_jobs, slot, standby)
-            os._exit(70)  # not reached: run_spare always exits
+            run_shim(self.host, self.spawn_channel, child_end, self.lost_jobs, slot, standby)
+            os._exit(70)  # not reached: run_shim always exits
         child_end.close()
         parent_end.setblocking(False)
-        spare = Spare(pid, parent_end, slot)
+        shim = Shim(pid, parent_end, slot)
         if standby:
-            self.standby = spare
+            self.standbys.append(shim)
         else:
-            self.reader = spare
+            self.reader = shim
 
     def promote(self):
-        """Make the standby the reader, if there is no reader."""
-        if self.reader is not None or self.standby is None:
-            return
-        spare, self.standby = self.standby, None
-        try:
-            spare.sock.send(b"go" + json.dumps(sorted(self.lost_jobs)).encode())
-        except OSError:
-            spare.close()  # it died; reap() takes it
-            return
-        self.reader = spare
+        """Make a standby the reader, if there is no reader. The last to arrive goes first:
+        its memory is the likeliest to be cached."""
+        while self.reader is None and self.standbys:
+            shim = self.standbys.pop()
+            try:
+                shim.sock.send(b"go" + json.dumps(sorted(self.lost_jobs)).encode())
+            except OSError:
+                shim.close()  # it died; reap() sees it
+                continue
+            self.reader = shim
 
     def refill(self):
         """A reader, then a standby, by promotion or fork; retried later if a fork fails."""
         self.promote()
         try:
             if self.reader is None:
-                self.fork_spare(standby=False)
-            if self.standby is None:
-                self.fork_spare(standby=True)
+                self.fork_shim(standby=False)
+            if not self.standbys:
+                self.fork_shim(standby=True)
         except OSError:
             pass
 
-    def read_reader(self):
-        """Act on what the reader said."""
-        while self.reader is not None and not self.reader.closed:
+    def replace_reader(self):
+        self.reader = None
+        self.promote()
+        if self.reader is None:
+            # No standby: jobs overlap. Fork now rather than when a request waits.
             try:
-                word = self.reader.sock.recv(64)
+                self.fork_shim(standby=False)
+            except OSError:
+                pass  # retried when a request waits
+
+    def read_words(self, shim):
+        """Act on what a shim said."""
+        while not shim.closed:
+            try:
+                word = shim.sock.recv(64)
             except BlockingIOError:
                 return
             except OSError:
                 word = b""
-            if word == b"took":
-                self.shim_jobs[self.reader.pid] = self.reader.job()
-                self.reader.close()
-                self.reader = None
-                self.spare_deaths = 0
-                self.promote()
-                if self.reader is None:
-                    # No standby: requests in a burst. Fork now rather than when one waits.
-                    try:
-                        self.fork_spare(standby=False)
-                    except OSError:
-                        pass  # retried when a request waits
+            if word == b"took" and shim is self.reader:
+                shim.job = shim.claimed()
+                self.busy[shim.pid] = shim
+                self.reader_deaths = 0
+                self.replace_reader()
+            elif word == b"retire" and shim is self.reader:
+                shim.closed = True  # exiting
+                shim.close()
+                self.replace_reader()
+            elif word == b"idle" and self.busy.get(shim.pid) is shim:
+                del self.busy[shim.pid]
+                shim.job = None
+                if len(self.standbys) < MAX_STANDBYS:
+                    self.standbys.append(shim)
+                    self.promote()
+                else:
+                    shim.closed = True
+                    shim.close()  # EOF instead of "go": it exits
             else:
-                self.reader.closed = True  # exiting: stop polling it, SIGCHLD follows
+                shim.closed = True  # exiting: stop polling it, SIGCHLD follows
 
     def reap(self):
-        shim_exited = False
+        reaped = False
         for pid, status in reap_nohang():
-            if self.standby is not None and pid == self.standby.pid:
-                self.standby.close()
-                self.standby = None
-                continue
+            reaped = True
+            for shim in self.standbys:
+                if shim.pid == pid:
+                    self.standbys.remove(shim)
+                    shim.close()
+                    break
             if self.reader is not None and pid == self.reader.pid:
-                self.read_reader()  # what it said before dying: "took" makes it a shim
+                self.read_words(self.reader)  # what it said before dying: "took" makes it busy
             if self.reader is not None and pid == self.reader.pid:
-                job = self.reader.job()
+                job = self.reader.claimed()
                 if job is not None:
                     self.lost_jobs.add(job)
-                    self.shim_jobs[pid] = job
-                self.spare_deaths += 1
-                self.reader.close()
+                    self.busy[pid] = self.reader
+                    self.reader.job = job
+                else:
+                    self.reader.close()
+                self.reader_deaths += 1
                 self.reader = None
                 self.promote()
-            job = self.shim_jobs.pop(pid, None)
-            shim_exited = shim_exited or job is not None
-            if job is not None and status != 0:
+            shim = self.busy.pop(pid, None)
+            if shim is None:
+                continue
+            if not shim.closed:
+                self.read_words(shim)  # an "idle" said before dying
+            shim.close()
+            if status != 0 and shim.job is not None:
                 # The shim failed or was killed, maybe before it said started: say so, or the
                 # daemon would wait for `started` forever (it ignores this if it has heard).
-                send(self.host, {"op": "error", "job": job,
+                send(self.host, {"op": "error", "job": shim.job,
                                  "message": "the launcher's shim died before starting the "
                                             "command"})
-        if shim_exited and self.spare_deaths == 0:
+        if reaped and self.reader_deaths == 0:
             self.refill()
 
     def serve_waiting_request(self):
@@ -592,16 +689,16 @@ class Launcher:
         self.promote()
         if self.reader is not None:
             return True
-        if self.spare_deaths < MAX_SPARE_DEATHS:
+        if self.reader_deaths < MAX_READER_DEATHS:
             try:
-                self.fork_spare(standby=False)
+                self.fork_shim(standby=False)
                 return True
             except OSError as e:
                 reason = "the launcher could not fork: %s" % e.strerror
         else:
             reason = ("the launcher's shims were killed before they could start the command; "
                       "stop what kills them in the sandbox, or open a new session")
-            self.spare_deaths = 0
+            self.reader_deaths = 0
         data, fds = recv(self.spawn_channel)
         for fd in fds:
             os.close(fd)
@@ -637,10 +734,11 @@ class Launcher:
             poller = select.poll()
             poller.register(host_fd, select.POLLIN)
             poller.register(self.wake_r, select.POLLIN)
-            reader_fd = -1
-            if self.reader is not None and not self.reader.closed:
-                reader_fd = self.reader.sock.fileno()
-                poller.register(reader_fd, select.POLLIN)
+            talking = {}  # fd -> shim whose words we wait for
+            for shim in (self.reader, *self.busy.values()):
+                if shim is not None and not shim.closed:
+                    talking[shim.sock.fileno()] = shim
+                    poller.register(shim.sock.fileno(), select.POLLIN)
             if self.reader is None:
                 # Nobody reads the spawn channel: watch it for a request left waiting.
                 poller.register(spawn_fd, select.POLLIN)
@@ -655,8 +753,9 @@ class Launcher:
             # writes its byte too late for this round, and the daemon may count on a shim it
             # saw exit having been replaced before our next answer.
             self.reap()
-            if reader_fd in events:
-                self.read_reader()
+            for fd, shim in talking.items():
+                if fd in events and not shim.closed:
+                    self.read_words(shim)
             if spawn_fd in events and self.reader is None:
                 if not self.serve_waiting_request():
                     return  # the daemon is gone

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -232,6 +234,20 @@ async def test_rlimits_apply_to_the_command(launcher):
     assert output.decode().split() == ["40", "0"]
 
 
+async def test_a_shims_limits_never_reach_a_command_asking_others(launcher):
+    # Limits are set on the shim before it spawns; a reused shim must not hand them on.
+    limited, status = await run(launcher, ["sh", "-c", "ulimit -n"],
+                                rlimits={"nofile": (40, 40)})
+    assert (limited, status) == (b"40\n", (0, None))
+    default = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    for _ in range(6):  # every shim there is takes one of them
+        output, status = await run(launcher, ["sh", "-c", "ulimit -n"], rlimits={})
+        assert (output, status) == (b"%d\n" % default, (0, None))
+    output, status = await run(launcher, ["sh", "-c", "ulimit -n"],
+                               rlimits={"nofile": (40, 40)})
+    assert (output, status) == (b"40\n", (0, None))
+
+
 async def test_unknown_rlimit_is_a_clear_error(launcher):
     with pytest.raises(LauncherError, match="unknown resource limit 'bogus'"):
         await launcher.spawn(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2,
@@ -252,6 +268,78 @@ async def test_job_pid_is_a_host_pid_running_the_command(launcher):
     os.kill(job.pid, signal.SIGKILL)
     assert await job.wait() == (None, signal.SIGKILL)
     await job.done.wait()
+
+
+async def test_shims_are_reused_once_their_job_is_done(launcher):
+    shims = set()
+    for _ in range(10):
+        job, read_fd = await spawn_piped(launcher, ["true"])
+        os.close(read_fd)
+        assert await job.wait() == (0, None)
+        await job.done.wait()
+        shims.add(job.shim_pid)
+    # One after the other, ten commands ran under the reader and the standby it swaps with:
+    # no fork per command. (A third may appear if a job's release races the next request.)
+    assert len(shims) <= 3, shims
+
+
+async def run_until_shim_reused(launcher, shim_pid):
+    """Spawn `sleep 1000`s, keeping each running so that its shim is taken, until one runs
+    under `shim_pid` (returns its job) or that shim has retired (returns None: the launcher
+    keeps only a few idle shims). The others are killed."""
+    others = []
+    try:
+        for _ in range(30):
+            job, read_fd = await spawn_piped(launcher, ["sleep", "1000"])
+            os.close(read_fd)
+            if job.shim_pid == shim_pid:
+                return job
+            others.append(job)
+            if not psutil.pid_exists(shim_pid):
+                return None
+        raise AssertionError(f"shim {shim_pid} never took another job")
+    finally:
+        for job in others:
+            os.kill(job.pid, signal.SIGKILL)
+            await job.done.wait()
+
+
+async def test_a_done_jobs_tree_is_never_a_later_jobs_tree(launcher):
+    first, read_fd = await spawn_piped(launcher, ["true"])
+    os.close(read_fd)
+    await first.done.wait()
+    second = await run_until_shim_reused(launcher, first.shim_pid)
+    assert second is not None
+    # What a stop of the first job would kill: nothing, though its shim now runs `sleep`.
+    with first.holding_tree() as shim_pid:
+        assert shim_pid is None
+    with second.holding_tree() as shim_pid:
+        assert shim_pid == first.shim_pid
+        assert [p.pid for p in psutil.Process(shim_pid).children()] == [second.pid]
+    os.kill(second.pid, signal.SIGKILL)
+    assert await second.wait() == (None, signal.SIGKILL)
+
+
+async def test_a_held_tree_keeps_its_shim_from_other_jobs(launcher):
+    job, read_fd = await spawn_piped(launcher, ["sleep", "1000"])
+    os.close(read_fd)
+    with job.holding_tree() as shim_pid:
+        assert shim_pid == job.shim_pid
+        os.kill(job.pid, signal.SIGKILL)
+        await job.done.wait()
+        # Done, but held (as while a stop lists and kills the tree): the shim waits.
+        for _ in range(6):
+            other, other_fd = await spawn_piped(launcher, ["true"])
+            os.close(other_fd)
+            assert other.shim_pid != shim_pid
+            await other.done.wait()
+    # Released: reused, or retired if enough other shims were idle.
+    reused = await run_until_shim_reused(launcher, shim_pid)
+    if reused is None:
+        await wait_exited(shim_pid)
+    else:
+        os.kill(reused.pid, signal.SIGKILL)
+        await reused.done.wait()
 
 
 async def test_quick_commands_get_their_host_pid_too(launcher):
@@ -484,11 +572,11 @@ async def test_request_waiting_while_the_spares_are_killed_runs_on_a_new_spare(l
                                                   stdin=stdin_r)
         finally:
             os.close(stdin_r)
-        # The launcher refills its spares when a shim exits: once one has, a round trip
-        # finds them forked.
+        # Two jobs overlap, so the launcher forked a reader for the second; the second's
+        # shim, its job done, stays as a standby.
         quick, quick_out = await spawn_piped(launcher, ["true"])
         os.close(quick_out)
-        await wait_exited(quick.shim_pid)
+        await quick.done.wait()
         await launcher.ping()
         children = {child.pid for child in psutil.Process(launcher.host_pid).children()}
         spares = children - {signaller.shim_pid}

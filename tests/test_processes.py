@@ -254,6 +254,32 @@ def test_ids_are_never_reused_and_stale_ids_reach_nothing_else(client, session):
     client.process_stop(second["id"])
 
 
+def test_a_stale_stop_never_reaches_a_process_that_reuses_the_shim(client, session):
+    # A shim whose job is over runs later commands: its tree is no longer the old process's.
+    first = client.process_start(session, "echo first; sleep 1000")
+    wait_ready(client, first["id"], "first")
+    shim = psutil.Process(first["pid"]).ppid()
+    client.process_stop(first["id"])
+    later = []
+    for n in range(8):  # kept running, so each takes a shim of its own
+        proc = client.process_start(session, f"echo later{n}; sleep 1000")
+        wait_ready(client, proc["id"], f"later{n}")
+        later.append(proc)
+        if psutil.Process(proc["pid"]).ppid() == shim:
+            break
+    else:
+        pytest.fail("no later process ran under the stopped process's shim")
+    assert client.process_stop(first["id"])["ended"] == 0
+    for proc in later:
+        assert client.process_output(proc["id"])["status"] == "running"
+        assert psutil.Process(proc["pid"]).is_running()
+    listed = {p["id"]: p for p in client.process_list(session)["processes"]}
+    assert listed[first["id"]]["descendants"] == 0
+    assert listed[first["id"]]["rss_bytes"] == 0  # not the later process's tree
+    for proc in later:
+        client.process_stop(proc["id"])
+
+
 def test_daemon_sigterm_ends_everything_and_numbering_continues_after(own_daemon):
     with own_daemon.client() as c:
         s = c.session_open(own_daemon.workspace)["session"]

@@ -10,6 +10,7 @@ The wire format is described in driver/launcher.py.
 from __future__ import annotations
 
 import array
+import contextlib
 import errno
 import itertools
 import json
@@ -49,7 +50,7 @@ class LauncherDied(LauncherError):
 
 class Job:
     """One command spawned by the launcher. pid / shim_pid are HOST pids (-1 if the process
-    was already gone when its pid was read, which the ack of `started` makes rare).
+    was already gone when its pid was read, which the hold pipe makes rare).
 
     `exited` is set when the command exits, and also when the launcher dies (nothing more will
     be reported then: exit_code and signal stay None and `lost` is True); `done` when the shim
@@ -71,6 +72,10 @@ class Job:
         self._error: str | None = None
         self._abandoned = False  # the spawn call was cancelled: kill it when it starts
         self._started_at = 0.0
+        # Our end of the shim's hold pipe (see driver/launcher.py): while it is open the shim
+        # takes no other job, so everything below it is this job's tree.
+        self._hold_fd = -1
+        self._holds = 0  # holding_tree() blocks in use
 
     async def wait(self) -> tuple[int | None, int | None]:
         """(exit_code, signal) once the command has exited; LauncherDied if it never will be
@@ -80,6 +85,37 @@ class Job:
             raise LauncherDied(f"the sandbox launcher died before {self.argv[0]!r} exited; "
                                f"close the session and open a new one")
         return self.exit_code, self.signal
+
+    @contextlib.contextmanager
+    def holding_tree(self):
+        """The host pid of the shim at the top of this job's tree, every process below it
+        being the job's, or None once there is no such tree any more (the job is done and its
+        shim released for another job, or the shim died). Use the pid only inside the `with`:
+        the shim is not released meanwhile."""
+        self._holds += 1
+        try:
+            yield self._tree_root()
+        finally:
+            self._holds -= 1
+            self._maybe_release()
+
+    def _tree_root(self) -> int | None:
+        if self._hold_fd == -1 or self.shim_pid <= 0:
+            return None
+        try:
+            # A shim killed by its own command leaves a pid that anyone's new process may
+            # take: ours was created before the job started.
+            if psutil.Process(self.shim_pid).create_time() <= self._started_at + 0.05:
+                return self.shim_pid
+        except psutil.Error:
+            pass
+        return None
+
+    def _maybe_release(self) -> None:
+        """Let the shim take another job, once this one is done and nobody holds its tree."""
+        if self.done.is_set() and self._holds == 0 and self._hold_fd != -1:
+            os.close(self._hold_fd)
+            self._hold_fd = -1
 
     def __repr__(self) -> str:
         return f"<Job {self.job} pid={self.pid} shim={self.shim_pid} argv={self.argv!r}>"
@@ -325,8 +361,6 @@ class Launcher:
             try:
                 self._dispatch(msg, fds)
             finally:
-                # Closing the ack pipe of a `started` tells its shim that we have read the host
-                # pids: it may reap the command now.
                 _close_all(fds)
 
     def _dispatch(self, msg: dict, fds: list[int]) -> None:
@@ -339,10 +373,17 @@ class Launcher:
         job = self._jobs.get(msg.get("job"))
         if job is None:
             return  # e.g. the launcher's second word on a shim that already reported
-        if op == "started" and len(fds) >= 2 and not job._answered.is_set():
+        if op == "started" and len(fds) >= 3 and not job._answered.is_set():
             job.pid = _host_pid(fds[0])
             job.shim_pid = _host_pid(fds[1])
             job._started_at = time.time()
+            # A byte on the hold pipe tells the shim that we have read the host pids: it may
+            # reap the command now. Closing it (see Job._maybe_release) frees the shim.
+            job._hold_fd = fds.pop(2)
+            try:
+                os.write(job._hold_fd, b"!")
+            except OSError:
+                pass  # the shim is gone
             if job._abandoned:
                 try:
                     signal.pidfd_send_signal(fds[0], signal.SIGKILL)
@@ -362,9 +403,11 @@ class Launcher:
             if msg.get("done"):
                 del self._jobs[job.job]
                 job.done.set()
+                job._maybe_release()
         elif op == "done":
             del self._jobs[job.job]
             job.done.set()
+            job._maybe_release()
 
     def _mark_dead(self, reason: str) -> None:
         if self._death is not None:
@@ -376,6 +419,7 @@ class Launcher:
                 job.lost = True
                 job.exited.set()
             job.done.set()
+            job._maybe_release()
             job._answered.set()
         for event in self._pongs.values():
             event.set()

@@ -14,6 +14,7 @@ removes the log file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -96,9 +97,6 @@ class BackgroundProcess:
         self.finished = trio.Event()  # exited, and its last output read (or drain time over)
         self._changed = trio.Event()
         self._forgotten = trio.Event()  # dropped from the registry: the task may end
-        # The shim's identity (pid and start time): checked before each use of its pid, since
-        # once it has exited and been reaped the pid may name an unrelated process.
-        self._shim = _identity(job.shim_pid)
         self._cpu_samples: dict[int, tuple[psutil.Process, float, float]] = {}
 
     # ------------------------------------------------------------ state
@@ -144,8 +142,6 @@ class BackgroundProcess:
             _trim_retired_logs(self.session)
             await self._forgotten.wait()
         finally:
-            if self.session.closed:
-                self._shim = None  # gone with the session's sandbox
             self._retire()
             self._drop_log()
 
@@ -224,10 +220,10 @@ class BackgroundProcess:
     async def stop(self, grace_s: float) -> ProcessStopResult:
         was_running = self.running
         ended = survivors = 0
-        if _alive(self._shim):
-            ended, survivors = await trio.to_thread.run_sync(
-                lambda: proctree.kill_tree(self._shim.pid, grace_s=grace_s,
-                                           include_root=False))
+        with self.job.holding_tree() as shim_pid:
+            if shim_pid is not None:
+                ended, survivors = await trio.to_thread.run_sync(
+                    lambda: proctree.kill_tree(shim_pid, grace_s=grace_s, include_root=False))
         if was_running:
             self.stopped = True
         with trio.move_on_after(EXIT_REPORT_S):
@@ -238,13 +234,13 @@ class BackgroundProcess:
                                  signal=signal_name(self.job.signal), ended=ended,
                                  survivors=survivors)
 
-    def info(self) -> ProcessInfo:
+    def info(self, shim_pid: int | None) -> ProcessInfo:
         """What `process.list` shows. cpu_percent and rss_bytes are the sums over the whole
         tree (a `bash -c` wrapper uses nothing; the server under it is what matters). Blocking:
-        call it from a thread."""
+        call it from a thread, inside `self.job.holding_tree()`, which gives shim_pid."""
         cpu, rss, tree = 0.0, 0, []
-        if _alive(self._shim):
-            tree = proctree.descendants(self._shim.pid)
+        if shim_pid is not None:
+            tree = proctree.descendants(shim_pid)
         now = time.monotonic()
         samples = {}
         for proc in tree:
@@ -270,18 +266,6 @@ class BackgroundProcess:
             started_at=self.started_at, ended_at=self.ended_at, cpu_percent=round(cpu, 1),
             rss_bytes=rss, descendants=max(0, len(tree) - (1 if self.running else 0)),
             output_bytes=self.ring.end)
-
-
-def _identity(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid) if pid > 0 else None
-    except psutil.Error:
-        return None
-
-
-def _alive(proc: psutil.Process | None) -> bool:
-    # is_running compares the start time too: a reused pid is not the process we knew.
-    return proc is not None and proc.is_running()
 
 
 # ---------------------------------------------------------------- methods
@@ -501,5 +485,8 @@ async def stop(proc: BackgroundProcess, p) -> ProcessStopResult:
 async def listing(supervisor, p) -> ProcessListResult:
     procs = [bg for bg in supervisor.processes.values()
              if p.session is None or bg.session.id == p.session]
-    infos = await trio.to_thread.run_sync(lambda: [bg.info() for bg in procs])
+    with contextlib.ExitStack() as stack:
+        shims = [stack.enter_context(bg.job.holding_tree()) for bg in procs]
+        infos = await trio.to_thread.run_sync(
+            lambda: [bg.info(shim) for bg, shim in zip(procs, shims)])
     return ProcessListResult(processes=infos)

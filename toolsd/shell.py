@@ -11,7 +11,6 @@ import os
 import signal as signal_module
 import time
 
-import psutil
 import trio
 
 from . import proctree
@@ -166,21 +165,13 @@ async def kill_tree(root_pid: int, grace_s: float) -> tuple[int, int]:
         limiter=limiter)
 
 
-def shim_is_ours(job) -> bool:
-    """Whether job.shim_pid still names our shim: a shim can be killed by its own command, and
-    its pid reused by anyone's process, which must never be taken for our tree."""
-    try:
-        return psutil.Process(job.shim_pid).create_time() <= job._started_at + 0.05
-    except psutil.Error:
-        return False
-
-
 async def end_tree(job, grace_s: float) -> int:
     """End the command's whole tree through its shim (every orphan of the tree reparents to
     it) and return how many processes were ended."""
     ended = 0
-    if shim_is_ours(job):
-        ended, _survivors = await kill_tree(job.shim_pid, grace_s)
+    with job.holding_tree() as shim_pid:
+        if shim_pid is not None:
+            ended, _survivors = await kill_tree(shim_pid, grace_s)
     if not job.exited.is_set():
         with trio.move_on_after(5):
             await job.exited.wait()
