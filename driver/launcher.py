@@ -2,8 +2,10 @@
 `python3 -I -S launcher.py FD SPAWN_FD`, FD being our end of the control channel and SPAWN_FD
 our end of the spawn channel: two SOCK_SEQPACKET socketpairs whose other ends the daemon holds.
 
-Each datagram is one JSON object; file descriptors ride along with SCM_RIGHTS. Seqpacket keeps
-datagrams whole, so the launcher and every shim write to the control channel without a lock.
+Each datagram is one object, with file descriptors riding along with SCM_RIGHTS: marshal from
+the daemon (which we trust; marshal is built into the interpreter), JSON to the daemon (which
+must not trust what comes out of a sandbox). Seqpacket keeps datagrams whole, so the launcher
+and every shim write to the control channel without a lock.
 
     daemon -> reader shim, spawn channel: spawn (fds: the child's fds 0, 1, 2, ...)
     daemon -> launcher:  ping
@@ -31,11 +33,11 @@ next reader; one killed later is reported as an error for that job by the launch
 readers drop the job if they find it still queued: a request is never lost and never run twice.
 The launcher reads a waiting request itself only to fail it, when it cannot fork a shim.
 
-The hold pipe: `started` carries its write end. The daemon writes a byte once it has read the
-host pids from the pidfds (until then the shim keeps an exited command unreaped, or its pid
-would read as -1, but reports the exit at once), and closes it when it will no longer touch
-the shim's tree by pid (the job is done and no kill of it is under way): only then may the shim
-take another job. EOF counts as both.
+The hold pipe: `started` carries its write end. Unless the request said "ack": false, the
+daemon writes a byte once it has read the host pids from the pidfds (until then the shim keeps
+an exited command unreaped, or its pid would read as -1, but reports the exit at once). The
+daemon closes the pipe when it will no longer touch the shim's tree by pid (the job is done and
+no kill of it is under way): only then may the shim take another job. EOF counts as both.
 
 Resource limits are applied to the shim before it spawns (posix_spawn cannot set them), and a
 raised hard limit cannot be lowered back: a shim only takes jobs asking the limits it already
@@ -45,30 +47,36 @@ When the daemon's end closes (the daemon exited, even by SIGKILL) the launcher k
 descendant and exits.
 """
 
+# Modules are chosen for the launcher's start time, which every session.open waits for: the
+# C modules under socket, signal and json, since their Python layers import enum and re, which
+# cost more than the rest of the start together.
 import _signal
-import array
-import ctypes
+import _ctypes
+import _socket as socket
 import fcntl
-import json
+import marshal
 import mmap
 import os
 import resource
 import select
-import signal
-import socket
 import struct
 import sys
-import traceback
+
+try:
+    from _json import encode_basestring_ascii as json_string
+except ImportError:  # an interpreter built without the accelerator
+    from json.encoder import encode_basestring_ascii as json_string
 
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 MAX_MSG = 1 << 20
 MAX_FDS = 64
-ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+FD = struct.Struct("i")
+ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * FD.size)
 # Python ignores these at startup; an ignored disposition survives exec, so a command would
 # never see SIGPIPE (`yes | head` would spin) unless we put the defaults back.
-DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
-SIGCHLD, SIGTERM = int(signal.SIGCHLD), int(signal.SIGTERM)
+DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
+SIGCHLD, SIGTERM, SIGKILL = _signal.SIGCHLD, _signal.SIGTERM, _signal.SIGKILL
 # Readers dying in a row without taking a job (killed from inside the sandbox as soon as they
 # are forked) before the launcher fails the waiting request instead of forking again.
 MAX_READER_DEATHS = 3
@@ -76,28 +84,65 @@ MAX_READER_DEATHS = 3
 # before it receives the request. The launcher reads it when the shim says "took" or dies.
 SLOT = struct.Struct("qq")
 
-_libc = ctypes.CDLL(None, use_errno=True)
+def load_prctl():
+    """prctl(2) of the C library, through _ctypes: the ctypes package would cost the
+    launcher's start ~5 ms, its Python layer being all we skip here."""
+    class Int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class Function(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+
+    class ULong(_ctypes._SimpleCData):
+        _type_ = "L"
+
+    function = Function(_ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), "prctl"))
+    return lambda option, value: function(option, ULong(value), 0, 0, 0)
 
 
 def prctl(option, value):
-    if _libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
+    if _prctl(option, value) != 0:
+        err = _ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
 
+_prctl = load_prctl()
+
+
+def to_json(obj):
+    """JSON text of a message of ours (dicts, lists, str, int, bool, None)."""
+    if obj is None:
+        return "null"
+    if obj is True or obj is False:
+        return "true" if obj else "false"
+    if isinstance(obj, int):
+        return int.__repr__(obj)
+    if isinstance(obj, str):
+        return json_string(obj)
+    if isinstance(obj, dict):
+        return "{%s}" % ",".join("%s:%s" % (json_string(k), to_json(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return "[%s]" % ",".join(map(to_json, obj))
+    raise TypeError("cannot send %r" % (obj,))
+
+
 def send(sock, obj, fds=()):
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    data = to_json(obj).encode()
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, pack_fds(fds))] if fds else []
     sock.sendmsg([data], anc)
+
+
+def pack_fds(fds):
+    return b"".join(FD.pack(fd) for fd in fds)
 
 
 def fds_of(anc):
     fds = []
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            arr = array.array("i")
-            arr.frombytes(payload[: len(payload) - len(payload) % arr.itemsize])
-            fds.extend(arr)
+            fds.extend(fd for (fd,) in FD.iter_unpack(payload[: len(payload) - len(payload)
+                                                                % FD.size]))
     return fds
 
 
@@ -199,7 +244,7 @@ def kill_everything():
             return
         for pid in tree:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, SIGKILL)
             except ProcessLookupError:
                 pass
         try:
@@ -280,27 +325,27 @@ def start_command(req, fds, limits):
 
 # Shaped like the daemon's requests: the objects parsing it makes land in the same memory pools
 # as those of a real one.
-WARMUP_REQUEST = json.dumps({
+WARMUP_REQUEST = marshal.dumps({
     "op": "spawn", "job": 0, "argv": ["/bin/bash", "-c", "true"], "cwd": "/nonexistent",
     "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
             "TERM": "dumb", "NO_COLOR": "1", "PAGER": "cat", "GIT_PAGER": "cat",
             "PYTHONUNBUFFERED": "1"},
     "rlimits": {"as": [1 << 33, 1 << 33], "fsize": [1 << 30, 1 << 30], "cpu": [600, 600],
                 "nofile": [1024, 1024], "core": [0, 0], "nproc": [512, 512]},
-}).encode()
+})
 
 
 def warm_up():
     """Run the spawn path's Python once on a made-up request while we wait for a real one. A
     forked shim shares its memory with the launcher and the first write to each shared page
     copies it (about 6 us a page here): paid now, not on the spawn's critical path."""
-    req = json.loads(WARMUP_REQUEST)
+    req = marshal.loads(WARMUP_REQUEST)
     which("warm-up-no-such-program", req["env"]["PATH"])
     for name in req["rlimits"]:
         getattr(resource, "RLIMIT_" + name.upper(), None)
-    json.dumps({"op": "started", "job": 0, "pid": 0}, separators=(",", ":")).encode()
-    array.array("i", [0, 1, 2])
-    json.dumps(exit_message_of_status(0, 0), separators=(",", ":")).encode()
+    to_json({"op": "started", "job": 0, "pid": 0}).encode()
+    pack_fds([0, 1, 2])
+    to_json(exit_message_of_status(0, 0)).encode()
     select.poll()
 
 
@@ -330,7 +375,7 @@ def take_job(spawn, private, lost, slot, buf, limits):
         if not size:
             return None
         refuse_truncated(flags & socket.MSG_TRUNC, ())
-        req = json.loads(buf[:size])
+        req = marshal.loads(buf[:size])
         job = req["job"]
         if job in lost:
             # Claimed by a shim that died before receiving it, and already failed.
@@ -395,7 +440,8 @@ def run_job(host, private, req, fds, self_fd, hold_r, hold_w, limits):
     poller = select.poll()
     poller.register(child_fd, select.POLLIN)
     poller.register(hold_r, select.POLLIN)
-    acked = False
+    # Without "ack" the daemon does not want the command's pid: we may reap it at once.
+    acked = not req.get("ack", True)
     while not acked:
         for fd, _event in poller.poll():
             if fd == hold_r:
@@ -475,7 +521,7 @@ def run_shim(host, spawn, private, lost, slot, standby):
                 word = private.recv(MAX_MSG)
                 if not word.startswith(b"go"):
                     os._exit(0)  # the launcher is gone, or has standbys enough
-                lost = set(json.loads(word[2:]))
+                lost = set(marshal.loads(word[2:]))
             taken = take_job(spawn, private, lost, slot, buf, limits)
             if taken is None:
                 os._exit(0)
@@ -492,6 +538,7 @@ def run_shim(host, spawn, private, lost, slot, standby):
     except BaseException:
         code = 70
         try:
+            import traceback  # only now: it costs the launcher's start ~5 ms
             traceback.print_exc()
             sys.stderr.flush()
         except BaseException:
@@ -558,7 +605,7 @@ class Launcher:
             raise
         if pid == 0:
             try:
-                signal.set_wakeup_fd(-1)
+                _signal.set_wakeup_fd(-1)
                 # _signal, not signal: the wrapper turns the old handler (ours, a function)
                 # into an enum through a raised ValueError, which costs a shim ~100 copied
                 # pages (0.5 ms) of the memory it shares with us.
@@ -589,7 +636,7 @@ class Launcher:
         while self.reader is None and self.standbys:
             shim = self.standbys.pop()
             try:
-                shim.sock.send(b"go" + json.dumps(sorted(self.lost_jobs)).encode())
+                shim.sock.send(b"go" + marshal.dumps(sorted(self.lost_jobs)))
             except OSError:
                 shim.close()  # it died; reap() sees it
                 continue
@@ -705,8 +752,8 @@ class Launcher:
         if not data:
             return False
         try:
-            job = json.loads(data)["job"]
-        except (ValueError, KeyError, TypeError):
+            job = marshal.loads(data)["job"]
+        except (ValueError, EOFError, KeyError, TypeError):
             return True
         if job in self.lost_jobs:
             self.lost_jobs.discard(job)  # already failed
@@ -716,8 +763,8 @@ class Launcher:
 
     def serve(self):
         set_policy(os.SCHED_BATCH)
-        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+        _signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        _signal.signal(SIGCHLD, lambda *_: None)
         self.reap()
         self_fd = os.pidfd_open(os.getpid())
         send(self.host, {
@@ -766,7 +813,7 @@ class Launcher:
                 os.close(fd)
             if not data:
                 return  # the daemon is gone
-            msg = json.loads(data)
+            msg = marshal.loads(data)
             op = msg.get("op")
             if op == "ping":
                 send(self.host, {"op": "pong", "n": msg.get("n")})
@@ -779,16 +826,21 @@ def main():
         print("usage: launcher.py FD SPAWN_FD (ends of two SOCK_SEQPACKET socketpairs: the "
               "control channel and the spawn channel)", file=sys.stderr)
         return 2
+    # Our stdin may be the code we run (see BOOTSTRAP in toolsd/launcher.py): shims and their
+    # commands get nothing of it.
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     host = socket.socket(fileno=int(sys.argv[1]))
     spawn = socket.socket(fileno=int(sys.argv[2]))
-    host.set_inheritable(False)
-    spawn.set_inheritable(False)
+    os.set_inheritable(host.fileno(), False)
+    os.set_inheritable(spawn.fileno(), False)
     # Sandboxed code runs as our uid: without this it could ptrace us or open our fds (the
     # daemon's sockets) through /proc.
     prctl(PR_SET_DUMPABLE, 0)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     # SIGTERM ends us like EOF does: through the finally below, taking the tree along.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _signal.signal(SIGTERM, lambda *_: sys.exit(0))
     try:
         Launcher(host, spawn).serve()
     finally:

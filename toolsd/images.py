@@ -473,7 +473,7 @@ async def _read_in_sandbox(session, path: str) -> bytes:
     try:
         job = await session.launcher.spawn(
             argv, cwd=session.workspace, env=env, stdin=devnull, stdout=out_w, stderr=err_w,
-            rlimits=session.rlimits)
+            rlimits=session.rlimits, want_pid=False)
     except BaseException as e:
         os.close(out_r)
         os.close(err_r)

@@ -13,7 +13,7 @@ import array
 import contextlib
 import errno
 import itertools
-import json
+import marshal
 import os
 import signal
 import socket
@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+import msgspec
 import psutil
 import trio
 
@@ -38,6 +39,37 @@ ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 # kills, so nothing is left as a zombie) before killing everything from the host.
 CLEAN_EXIT_S = 2.0
 READY_TIMEOUT_S = 30.0
+_json_decode = msgspec.json.Decoder().decode
+# Runs the launcher from code compiled by the daemon and handed over on stdin: run as a script,
+# launcher.py would be compiled afresh by every session start (no .pyc for a script), a third
+# of the launcher's start. argv stays [launcher.py, FD, SPAWN_FD], as for the script.
+BOOTSTRAP = "import marshal,sys;sys.argv=sys.argv[1:];exec(marshal.loads(sys.stdin.buffer.read()))"
+_compiled: dict[tuple[str, int, int], bytes] = {}
+
+
+def _launcher_code(path: str) -> bytes:
+    """The marshalled code of driver/launcher.py, compiled once per version of the file."""
+    st = os.stat(path)
+    key = (path, st.st_mtime_ns, st.st_size)
+    code = _compiled.get(key)
+    if code is None:
+        with open(path, "rb") as f:
+            code = marshal.dumps(compile(f.read(), path, "exec", dont_inherit=True))
+        _compiled.clear()
+        _compiled[key] = code
+    return code
+
+
+def _code_file(code: bytes) -> int:
+    """A memfd holding `code`, at offset 0."""
+    fd = os.memfd_create("toolsd-launcher-code", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, code)  # a memfd takes it all in one write
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class LauncherError(Exception):
@@ -57,8 +89,9 @@ class Job:
     has reaped every process of the tree and left, or the launcher died. `wait()` tells the
     two apart by raising LauncherDied."""
 
-    def __init__(self, job: int, argv: list[str]):
+    def __init__(self, job: int, argv: list[str], want_pid: bool = True):
         self.job = job
+        self.want_pid = want_pid
         self.argv = argv
         self.pid = -1
         self.shim_pid = -1
@@ -216,22 +249,28 @@ class Launcher:
     async def start(cls, nursery: trio.Nursery, *, wrapper: list[str], env: dict[str, str],
                     python: str = sys.executable, cwd: str = "/",
                     launcher_py: str = LAUNCHER_PY) -> Launcher:
-        """Start `wrapper + [python, -I, -S, launcher_py, FD, SPAWN_FD]` and wait until the
+        """Start `wrapper + [python, -I, -S, launcher_py, FD, SPAWN_FD]` (see BOOTSTRAP for how,
+        when `python` is ours) and wait until the
         launcher says it is ready. Raises LauncherError with the wrapper's own error text if it
         never does. `launcher_py` is for tests that wrap the launcher to inject faults."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spawn_ours, spawn_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         errfile = tempfile.TemporaryFile(prefix="toolsd-launcher-", suffix=".err")
-        argv = [*wrapper, python, "-I", "-S", launcher_py, str(theirs.fileno()),
-                str(spawn_theirs.fileno())]
+        stdin = subprocess.DEVNULL
+        if python == sys.executable and launcher_py == LAUNCHER_PY:
+            # Our own interpreter, so our own marshal format.
+            stdin = _code_file(_launcher_code(launcher_py))
+            argv = [*wrapper, python, "-I", "-S", "-c", BOOTSTRAP, launcher_py]
+        else:
+            argv = [*wrapper, python, "-I", "-S", launcher_py]
+        argv += [str(theirs.fileno()), str(spawn_theirs.fileno())]
         try:
             # Popen from the trio thread, not trio.lowlevel.open_process: bwrap's
             # --die-with-parent fires when the *thread* that forked it exits, and trio's
             # worker threads are retired when idle.
             proc = subprocess.Popen(
                 argv, pass_fds=(theirs.fileno(), spawn_theirs.fileno()), start_new_session=True,
-                env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=errfile)
+                env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=errfile)
         except OSError as e:
             ours.close()
             spawn_ours.close()
@@ -242,6 +281,8 @@ class Launcher:
             # The launcher's side holds the only copies: its exit gives us EOF.
             theirs.close()
             spawn_theirs.close()
+            if stdin != subprocess.DEVNULL:
+                os.close(stdin)
         self = cls(trio.socket.from_stdlib_socket(ours),
                    trio.socket.from_stdlib_socket(spawn_ours), proc, errfile,
                    os.pidfd_open(proc.pid), launcher_py)
@@ -303,8 +344,8 @@ class Launcher:
             _close_all(fds)
             return None, []
         try:
-            msg = json.loads(data)
-        except ValueError:
+            msg = _json_decode(data)
+        except (msgspec.DecodeError, RecursionError):
             msg = None
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or not isinstance(msg, dict):
             _close_all(fds)
@@ -312,7 +353,9 @@ class Launcher:
         return msg, fds
 
     async def _send(self, msg: dict, fds: Sequence[int] = (), *, spawn: bool = False) -> None:
-        data = json.dumps(msg, separators=(",", ":")).encode()
+        # marshal to the launcher, whose start cannot afford the json module (see its
+        # imports); JSON back from it, since what leaves a sandbox is not to be trusted.
+        data = marshal.dumps(msg)
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         sock, lock = (self._spawn_sock, self._spawn_lock) if spawn else (self._sock,
                                                                           self._send_lock)
@@ -374,16 +417,18 @@ class Launcher:
         if job is None:
             return  # e.g. the launcher's second word on a shim that already reported
         if op == "started" and len(fds) >= 3 and not job._answered.is_set():
-            job.pid = _host_pid(fds[0])
             job.shim_pid = _host_pid(fds[1])
             job._started_at = time.time()
-            # A byte on the hold pipe tells the shim that we have read the host pids: it may
-            # reap the command now. Closing it (see Job._maybe_release) frees the shim.
+            # Closing the hold pipe (see Job._maybe_release) frees the shim for other jobs.
             job._hold_fd = fds.pop(2)
-            try:
-                os.write(job._hold_fd, b"!")
-            except OSError:
-                pass  # the shim is gone
+            if job.want_pid:
+                job.pid = _host_pid(fds[0])
+                # A byte tells the shim that we have read the command's host pid: it may reap
+                # the command now. (A wakeup of the shim we spare jobs that do not need it.)
+                try:
+                    os.write(job._hold_fd, b"!")
+                except OSError:
+                    pass  # the shim is gone
             if job._abandoned:
                 try:
                     signal.pidfd_send_signal(fds[0], signal.SIGKILL)
@@ -433,17 +478,20 @@ class Launcher:
     async def spawn(self, argv: list[str], *, cwd: str, env: dict[str, str],
                     stdin: int, stdout: int, stderr: int,
                     rlimits: dict[str, tuple[int, int]] | None = None,
-                    extra_fds: Sequence[int] = ()) -> Job:
+                    extra_fds: Sequence[int] = (), want_pid: bool = True) -> Job:
         """Start `argv` in the sandbox, in its own session, with stdin/stdout/stderr and then
         extra_fds as its fds 0, 1, 2, 3, ...; `argv[0]` is looked up on env's PATH. Returns
-        once the command runs. LauncherError says why it could not start."""
+        once the command runs. LauncherError says why it could not start. With
+        `want_pid=False` job.pid stays -1 (the command and its tree are still reached through
+        the shim), which spares the shim a wakeup on the spawn's path."""
         if not argv:
             raise LauncherError("empty command: give at least the program to run")
         self._check_alive()
-        job = Job(next(self._numbers), [str(a) for a in argv])
+        job = Job(next(self._numbers), [str(a) for a in argv], want_pid)
         self._jobs[job.job] = job
         msg = {"op": "spawn", "job": job.job, "argv": job.argv, "cwd": cwd, "env": dict(env),
-               "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()}}
+               "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()},
+               "ack": want_pid}
         try:
             await self._send(msg, [stdin, stdout, stderr, *extra_fds], spawn=True)
         except BaseException:
@@ -463,7 +511,7 @@ class Launcher:
             raise
         if job._error is not None:
             raise LauncherError(job._error)
-        if job.pid == -1 and job.shim_pid == -1:
+        if job.shim_pid == -1 and not self.alive:
             job._abandoned = True
             raise LauncherDied(self._death or "the sandbox launcher died")
         return job

@@ -60,7 +60,7 @@ def open_devnull() -> int:
 
 
 async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, str],
-                          extra_fds=()):
+                          extra_fds=(), want_pid: bool = True):
     """Spawn `argv` in the session with stdin /dev/null and stdout+stderr one pipe.
     Returns (job, read_fd); the caller owns read_fd."""
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
@@ -69,7 +69,7 @@ async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, 
         with trio.move_on_after(SPAWN_TIMEOUT_S) as waited:
             job = await session.launcher.spawn(
                 argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd, stderr=write_fd,
-                rlimits=session.rlimits, extra_fds=extra_fds)
+                rlimits=session.rlimits, extra_fds=extra_fds, want_pid=want_pid)
         if waited.cancelled_caught:
             # The launcher answers in milliseconds; one that does not was stopped or
             # killed by a command of the session (it is in the session's pid namespace).
@@ -100,7 +100,8 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
     env = session.command_env(p.env)
     shell_name, shell_path = session.shell
     started = time.monotonic()
-    job, read_fd = await spawn_with_pipe(session, [shell_path, "-c", p.command], cwd=cwd, env=env)
+    job, read_fd = await spawn_with_pipe(session, [shell_path, "-c", p.command], cwd=cwd, env=env,
+                                         want_pid=False)
     out = HeadTail(p.max_output_chars)
     timed_out = False
     orphans = 0
