@@ -28,13 +28,13 @@ ends (output) or when it is killed (commands).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
 import uuid as uuidlib
 
+import msgspec
 import trio
 
 from .output import HeadTail, Ring
@@ -314,7 +314,7 @@ class _Interpreter:
 
     async def send(self, code: str, sink) -> None:
         """Send one request; its output goes to `sink` until its sentinel."""
-        line = json.dumps(code).encode() + b"\n"
+        line = msgspec.json.encode(code) + b"\n"
         self.sentinel = None
         self._wake = trio.Event()
         self.sent = "none"

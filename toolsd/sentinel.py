@@ -11,9 +11,10 @@ everything that merely looks like a sentinel stays user output, byte for byte.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
+
+import msgspec
 
 MARKER_PREFIX = b"\x1eTOOLSD-"
 
@@ -36,7 +37,7 @@ class Sentinel:
 
 def format_sentinel(uuid: str, seq: int, status: str) -> bytes:
     """The exact bytes a driver writes after request `seq` (used by tests and fakes)."""
-    body = json.dumps({"status": status}).encode()
+    body = msgspec.json.encode({"status": status})
     return MARKER_PREFIX + uuid.encode() + b":" + str(seq).encode() + b":" + body + b"\n"
 
 
@@ -111,6 +112,8 @@ class SentinelScanner:
         return rest
 
 
+_decode_json = msgspec.json.Decoder().decode
+
 def _partial_prefix_start(buf: bytes, start: int, marker: bytes) -> int:
     """Where the longest suffix of buf that is a proper prefix of marker begins (len if none).
 
@@ -134,8 +137,8 @@ def _parse_tail(buf: bytes, start: int):
     m = _FULL_TAIL.match(window)
     if m:
         try:
-            status = json.loads(m.group(2))
-        except ValueError:
+            status = _decode_json(m.group(2))
+        except (msgspec.DecodeError, RecursionError):
             return False
         if not isinstance(status, dict) or not isinstance(status.get("status"), str):
             return False

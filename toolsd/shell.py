@@ -14,6 +14,7 @@ import time
 import trio
 
 from . import proctree
+from .fdio import FdReader
 from .launcher import LauncherDied, LauncherError
 from .output import HeadTail
 from .protocol import BAD_PARAMS, SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
@@ -41,18 +42,22 @@ def signal_name(number: int | None) -> str | None:
         return f"SIG{number}"
 
 
-async def pump(fd: int, sink, *, stop: trio.Event | None = None) -> None:
+async def pump(fd: int, sink) -> None:
     """Read `fd` into `sink(bytes)` until EOF. Closes the fd."""
-    stream = trio.lowlevel.FdStream(fd)
-    async with stream:
+    os.set_blocking(fd, False)
+    reader = FdReader(fd, wait_after_short=True)
+    try:
         while True:
             try:
-                data = await stream.receive_some(READ_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = await reader.read(READ_SIZE)
+            except OSError:
                 return
             if not data:
                 return
             sink(data)
+    finally:
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)
 
 
 def open_devnull() -> int:
