@@ -80,9 +80,10 @@ SIGCHLD, SIGTERM, SIGKILL = _signal.SIGCHLD, _signal.SIGTERM, _signal.SIGKILL
 # Readers dying in a row without taking a job (killed from inside the sandbox as soon as they
 # are forked) before the launcher fails the waiting request instead of forking again.
 MAX_READER_DEATHS = 3
-# Shared between the launcher and one shim: (taken, job), written by the shim as the reader
-# before it receives the request. The launcher reads it when the shim says "took" or dies.
-SLOT = struct.Struct("qq")
+# Shared between the launcher and one shim: (taken, job, command), the job written by the shim
+# as the reader before it receives the request, the command's pid once it runs. The launcher
+# reads it when the shim says "took" or dies.
+SLOT = struct.Struct("qqq")
 
 def load_prctl():
     """prctl(2) of the C library, through _ctypes: the ctypes package would cost the
@@ -353,8 +354,8 @@ def claim(slot, job):
     """Tell the launcher, through the memory we share, that we take `job`: done before
     receiving it, so that whenever we die the launcher knows whether a job was ours."""
     # Job first, then the flag: a shim killed between the two leaves no half-written claim.
-    SLOT.pack_into(slot, 0, 0, job)
-    SLOT.pack_into(slot, 0, 1, job)
+    SLOT.pack_into(slot, 0, 0, job, 0)
+    SLOT.pack_into(slot, 0, 1, job, 0)
 
 
 RETIRE = "retire"
@@ -413,7 +414,7 @@ def tell(private, word):
         pass  # the launcher is gone; the sandbox goes with it
 
 
-def run_job(host, private, req, fds, self_fd, hold_r, hold_w, limits):
+def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
     """Start the command, report it, reap its tree, wait for the daemon's release (see the
     module docstring). Returns whether this shim may take another job."""
     job = req["job"]
@@ -428,6 +429,7 @@ def run_job(host, private, req, fds, self_fd, hold_r, hold_w, limits):
         os.close(hold_r)
         os.close(hold_w)
         return isinstance(e, StartError) and not limits.unknown
+    SLOT.pack_into(slot, 0, 1, job, pid)  # should we die, the launcher ends what we started
     child_fd = os.pidfd_open(pid)
     tell(private, b"took")
     send(host, {"op": "started", "job": job, "pid": pid}, [child_fd, self_fd, hold_w])
@@ -528,11 +530,12 @@ def run_shim(host, spawn, private, lost, slot, standby):
             if taken is RETIRE:
                 tell(private, b"retire")
                 os._exit(0)
-            if not run_job(host, private, taken[0], taken[1], self_fd, hold_r, hold_w, limits):
+            if not run_job(host, private, slot, taken[0], taken[1], self_fd, hold_r, hold_w,
+                           limits):
                 os._exit(0)
             if jobs == MAX_JOBS_PER_SHIM:
                 os._exit(0)
-            SLOT.pack_into(slot, 0, 0, 0)
+            SLOT.pack_into(slot, 0, 0, 0, 0)
             tell(private, b"idle")
             standby = True
     except BaseException:
@@ -558,8 +561,12 @@ class Shim:
 
     def claimed(self):
         """The job it has claimed as the reader, or None."""
-        taken, job = SLOT.unpack_from(self.slot)
+        taken, job, _command = SLOT.unpack_from(self.slot)
         return job if taken else None
+
+    def command(self):
+        """The pid of the command it started for its job, or 0."""
+        return SLOT.unpack_from(self.slot)[2]
 
     def close(self):
         self.sock.close()
@@ -695,8 +702,11 @@ class Launcher:
 
     def reap(self):
         reaped = False
+        orphaned = []  # (job, command) of shims that died with their command running
+        others = {}  # pid -> wait status of children that were no shim
         for pid, status in reap_nohang():
             reaped = True
+            others[pid] = status
             for shim in self.standbys:
                 if shim.pid == pid:
                     self.standbys.remove(shim)
@@ -720,15 +730,58 @@ class Launcher:
                 continue
             if not shim.closed:
                 self.read_words(shim)  # an "idle" said before dying
+            command = shim.command()
             shim.close()
-            if status != 0 and shim.job is not None:
-                # The shim failed or was killed, maybe before it said started: say so, or the
-                # daemon would wait for `started` forever (it ignores this if it has heard).
+            if status == 0 or shim.job is None:
+                continue
+            if command:
+                # Killed with its command running (by the command itself, say): the tree
+                # has reparented to us, and nothing can tell it from other dead shims' trees.
+                orphaned.append((shim.job, command))
+            else:
+                # The shim failed or was killed before starting the command: say so, or the
+                # daemon would wait for `started` forever.
                 send(self.host, {"op": "error", "job": shim.job,
                                  "message": "the launcher's shim died before starting the "
                                             "command"})
+        if orphaned:
+            others.update(self.kill_orphans())
+            for job, command in orphaned:
+                # A wait status of SIGKILL (9) if its status went unseen.
+                message = exit_message_of_status(job, others.get(command, SIGKILL))
+                message["done"] = True
+                send(self.host, message)
         if reaped and self.reader_deaths == 0:
             self.refill()
+
+    def kill_orphans(self):
+        """SIGKILL everything below us that no live shim holds (what dead shims left: it
+        reparented to us, the subreaper) until nothing is left; {pid: wait status} of our
+        direct children among it."""
+        me = os.getpid()
+        shims = {shim.pid for shim in self.shims()}
+        statuses = {}
+        while True:
+            children = child_map()
+            direct = [pid for pid in children.get(me, ()) if pid not in shims]
+            if not direct:
+                return statuses
+            todo, targets = list(direct), []
+            while todo:
+                pid = todo.pop()
+                targets.append(pid)
+                todo.extend(children.get(pid, ()))
+            for pid in targets:
+                try:
+                    os.kill(pid, SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for pid in direct:
+                try:
+                    _pid, status = os.waitpid(pid, 0)
+                    statuses[pid] = status
+                except ChildProcessError:
+                    pass
 
     def serve_waiting_request(self):
         """A request waits and no reader exists: make one, or fail the request if we cannot.

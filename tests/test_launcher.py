@@ -691,3 +691,44 @@ async def test_spares_that_keep_dying_fail_the_request_clearly(nursery, wrapper,
     finally:
         await launcher.aclose()
         assert_gone(pids)
+
+
+async def test_a_cancelled_spawn_ends_the_whole_tree_it_started(nursery, wrapper, tmp_path):
+    # The shim takes its time to say `started` (as under load), so the command has forked
+    # when the daemon learns of it: killing the command alone would leave its children.
+    script = tmp_path / "slow_started.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(LAUNCHER_PY)!r})
+        import launcher
+        original = launcher.start_command
+
+        def slow(*args):
+            pid = original(*args)
+            time.sleep(1.0)
+            return pid
+
+        launcher.start_command = slow
+        sys.exit(launcher.main())
+    """))
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=str(script))
+    pids = tree_pids(launcher)
+    try:
+        with trio.move_on_after(0.1) as waited:
+            await launcher.spawn(["sh", "-c", "sleep 1000 & sleep 1000"], cwd="/", env=ENV,
+                                 stdin=0, stdout=1, stderr=2)
+        assert waited.cancelled_caught  # abandoned: nobody will ever stop what it started
+
+        def sleeps():
+            return [p for p in psutil.Process(launcher.host_pid).children(recursive=True)
+                    if "sleep" in p.name()]
+
+        with trio.fail_after(20):  # a bound, not a speed: without the fix they stay for good
+            while not sleeps():
+                await trio.sleep(0.05)  # the command starts after its spawn was given up
+            while sleeps():
+                await trio.sleep(0.05)
+        pids |= tree_pids(launcher)
+    finally:
+        await launcher.aclose()
+        assert_gone(pids)

@@ -228,6 +228,7 @@ class Launcher:
         self._wrapper_fd = wrapper_fd
         self._launcher_fd = -1
         self._between_fds: list[int] = []  # e.g. bwrap's init in the pid namespace
+        self._tasks: trio.Nursery | None = None  # our reader's, for kills of abandoned jobs
         self.info: dict = {}
         self.host_pid = -1
         self.wrapper_pid = proc.pid
@@ -373,6 +374,7 @@ class Launcher:
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
+                    self._tasks = nursery
                     nursery.start_soon(self._watch_launcher)
                     await self._read_loop()
                     nursery.cancel_scope.cancel()
@@ -434,9 +436,17 @@ class Launcher:
                     signal.pidfd_send_signal(fds[0], signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+                # And whatever it started meanwhile: nobody will ever ask for it.
+                self._tasks.start_soon(self._end_abandoned, job)
             job._answered.set()
         elif op == "error" and not job._answered.is_set():
             job._error = str(msg.get("message") or "the launcher could not start the command")
+            del self._jobs[job.job]
+            job._answered.set()
+        elif op == "exited" and not job._answered.is_set():
+            # The shim died between starting the command and saying so; the launcher ended
+            # what it had started.
+            job._error = "the launcher's shim died as it started the command"
             del self._jobs[job.job]
             job._answered.set()
         elif op == "exited":
@@ -453,6 +463,12 @@ class Launcher:
             del self._jobs[job.job]
             job.done.set()
             job._maybe_release()
+
+    async def _end_abandoned(self, job: Job) -> None:
+        with trio.CancelScope(shield=True), job.holding_tree() as shim_pid:
+            if shim_pid is not None:
+                await trio.to_thread.run_sync(
+                    lambda: proctree.kill_tree(shim_pid, grace_s=0, include_root=False))
 
     def _mark_dead(self, reason: str) -> None:
         if self._death is not None:
