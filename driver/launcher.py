@@ -819,6 +819,12 @@ class Launcher:
         _signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         _signal.signal(SIGCHLD, lambda *_: None)
         self.reap()
+        # The reader first: the session's first command comes right after "ready", and would
+        # otherwise wait for this fork.
+        try:
+            self.fork_shim(standby=False)
+        except OSError:
+            pass  # refill() and serve_waiting_request() try again
         self_fd = os.pidfd_open(os.getpid())
         send(self.host, {
             "op": "ready", "pid": os.getpid(),

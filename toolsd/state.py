@@ -17,6 +17,11 @@ class StateInUse(Exception):
     pass
 
 
+# Counter values reserved per write: a write is an fsync, which costs a millisecond or more and
+# would otherwise hold the event loop on every session.open and process.start.
+ID_BLOCK = 32
+
+
 class StateDir:
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
@@ -28,7 +33,8 @@ class StateDir:
         for folder in (self.logs, self.scratch):
             shutil.rmtree(folder, ignore_errors=True)
             ensure_private_dir(folder)
-        self._counters: dict[str, int] = {}
+        self._counters: dict[str, int] = {}  # the last value handed out
+        self._reserved: dict[str, int] = {}  # the value on disk: values up to it are ours
 
     MARKER = ".toolsd-state"
 
@@ -66,12 +72,29 @@ class StateDir:
         return os.path.join(self.path, "scratch")
 
     def next_id(self, name: str) -> int:
-        """The next value of a counter that never goes back, even across restarts: the new value
-        is on disk (fsync'd, renamed into place) before anyone is told it."""
+        """The next value of a counter that never goes back, even across restarts. Values are
+        reserved ID_BLOCK at a time: the end of the block is on disk (fsync'd, renamed into
+        place) before any value of it is told, so a daemon killed mid-block skips the rest of
+        it and never repeats one. close() writes the last value back, so that after a clean
+        stop numbering goes on without a gap."""
         current = self._counters.get(name)
         if current is None:
-            current = self._read(name)
+            current = self._reserved[name] = self._read(name)
         value = current + 1
+        if value > self._reserved[name]:
+            self._write(name, value + ID_BLOCK - 1)
+            self._reserved[name] = value + ID_BLOCK - 1
+        self._counters[name] = value
+        return value
+
+    def close(self) -> None:
+        """At a clean stop: give back what was reserved and not used."""
+        for name, value in self._counters.items():
+            if self._reserved.get(name) != value:
+                self._write(name, value)
+                self._reserved[name] = value
+
+    def _write(self, name: str, value: int) -> None:
         path = os.path.join(self.path, f"{name}.counter")
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -79,8 +102,6 @@ class StateDir:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        self._counters[name] = value
-        return value
 
     def _read(self, name: str) -> int:
         try:

@@ -133,3 +133,8 @@ class Supervisor:
                 for session in list(self.sessions.values()):
                     n.start_soon(session.close)
         self.sessions.clear()
+        try:
+            self.state.close()
+        except OSError as e:
+            log.warning("could not write the id counters back (%s); the next daemon skips "
+                        "the ids this one reserved", e)
