@@ -287,6 +287,15 @@ class Limits:
         self.applied = rlimits
         self.unknown = False
 
+    def cpu_nearly_spent(self):
+        """Whether our own CPU time has used half the CPU limit we set on ourselves: the
+        kernel would kill us at the limit, in the middle of some later job."""
+        limit = (self.applied or {}).get("cpu")
+        if not limit or limit[0] < 0:
+            return False
+        times = os.times()
+        return times.user + times.system >= limit[0] / 2
+
 
 def start_command(req, fds, limits):
     """chdir, rlimits, posix_spawn. Runs in the shim, so the chdir and the limits touch only
@@ -498,8 +507,8 @@ def set_policy(policy):
         pass  # only a matter of latency
 
 
-# After this many jobs a shim retires and a fresh fork replaces it: its memory does not grow
-# for ever, nor its own CPU time towards the session's RLIMIT_CPU.
+# After this many jobs a shim retires and a fresh fork replaces it, so that its memory does not
+# grow for ever. (It retires sooner when its own CPU time nears the session's RLIMIT_CPU.)
 MAX_JOBS_PER_SHIM = 1000
 
 
@@ -533,7 +542,7 @@ def run_shim(host, spawn, private, lost, slot, standby):
             if not run_job(host, private, slot, taken[0], taken[1], self_fd, hold_r, hold_w,
                            limits):
                 os._exit(0)
-            if jobs == MAX_JOBS_PER_SHIM:
+            if jobs == MAX_JOBS_PER_SHIM or limits.cpu_nearly_spent():
                 os._exit(0)
             SLOT.pack_into(slot, 0, 0, 0, 0)
             tell(private, b"idle")

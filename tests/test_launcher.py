@@ -732,3 +732,36 @@ async def test_a_cancelled_spawn_ends_the_whole_tree_it_started(nursery, wrapper
     finally:
         await launcher.aclose()
         assert_gone(pids)
+
+
+async def test_a_shim_retires_before_its_own_cpu_time_reaches_the_cpu_limit(
+        nursery, wrapper, tmp_path):
+    # A shim sets the session's RLIMIT_CPU on itself (for its commands) and counts its own CPU
+    # time against it across jobs. Here each spawn costs the shim 0.3 s of CPU, so a shim that
+    # stayed would be killed by the kernel in the middle of its fourth job.
+    script = tmp_path / "costly_shim.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(LAUNCHER_PY)!r})
+        import launcher
+        original = launcher.start_command
+
+        def costly(*args):
+            spent = time.process_time() + 0.3
+            while time.process_time() < spent:
+                pass
+            return original(*args)
+
+        launcher.start_command = costly
+        sys.exit(launcher.main())
+    """))
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=str(script))
+    pids = tree_pids(launcher)
+    try:
+        for _ in range(8):
+            output, status = await run(launcher, ["echo", "ok"], rlimits={"cpu": (1, 1)})
+            assert (output, status) == (b"ok\n", (0, None))
+        pids |= tree_pids(launcher)
+    finally:
+        await launcher.aclose()
+        assert_gone(pids)

@@ -234,3 +234,52 @@ def test_random_frames_never_hurt_the_daemon(daemon, body):
     finally:
         s.close()
     assert_alive(daemon)
+
+
+def read_replies(s: socket.socket, count: int) -> dict:
+    replies = {}
+    while len(replies) < count:
+        reply = read_frame(s)
+        replies[reply["id"]] = reply
+    return replies
+
+
+def test_a_cancel_right_behind_its_request_is_carried_out(daemon, client):
+    # Both frames in one write, so the daemon reads them together: the cancel must find the
+    # request although the request's task has not run yet.
+    session = client.session_open(daemon.workspace)["session"]
+    s = raw_connect(daemon)
+    try:
+        for n in range(20):
+            run = {"id": 2 * n + 1, "method": "shell.run",
+                   "params": {"session": session, "command": "sleep 30", "timeout_s": 60}}
+            cancel = {"id": 2 * n + 2, "method": "cancel", "params": {"request": 2 * n + 1}}
+            s.sendall(frame(run) + frame(cancel))
+            replies = read_replies(s, 2)
+            assert replies[2 * n + 2].get("result") == {}, replies
+            assert replies[2 * n + 1]["error"]["code"] == "cancelled", replies
+    finally:
+        s.close()
+        client.session_close(session)
+    assert daemon.running("sleep 30") == []
+
+
+def test_past_256_in_flight_requests_are_refused_but_cancel_still_works(daemon, client):
+    session = client.session_open(daemon.workspace)["session"]
+    bg = client.process_start(session, "sleep 1000")["id"]
+    s = raw_connect(daemon)
+    try:
+        wait = {"method": "process.output", "params": {"id": bg, "wait_s": 60}}
+        s.sendall(b"".join(frame({"id": i, **wait}) for i in range(1, 257)))
+        s.sendall(frame({"id": 1000, "method": "hello", "params": {}}))
+        refused = read_frame(s)
+        assert refused["id"] == 1000 and refused["error"]["code"] == "limit_exceeded"
+        assert "256" in refused["error"]["message"]
+        s.sendall(frame({"id": 1001, "method": "cancel", "params": {"request": 7}}))
+        replies = read_replies(s, 2)
+        assert replies[1001].get("result") == {}
+        assert replies[7]["error"]["code"] == "cancelled"
+    finally:
+        s.close()
+    client.session_close(session)
+    assert_alive(daemon)

@@ -28,6 +28,7 @@ from .protocol import (
     CANCELLED,
     FRAME_TOO_LARGE,
     INTERNAL,
+    LIMIT_EXCEEDED,
     NOT_FOUND,
     UNKNOWN_METHOD,
     ErrorBody,
@@ -43,8 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("toolsd.server")
 
-# A client that pipelines requests without reading the answers is slowed down, not buffered
-# without bound: past this many requests in flight we stop reading its socket.
+# Requests one connection may have running at once. Past that, a request is answered at once
+# with limit_exceeded (a `cancel` is still carried out), so memory stays bounded and a client
+# can always cancel; a client that does not read its answers is slowed by its socket.
 MAX_IN_FLIGHT = 256
 _RECV_SIZE = 256 * 1024
 
@@ -117,37 +119,50 @@ class Connection:
                                 f"method and a params map ({e})",
                             )
                             return
-                        if self.slots.value:
-                            self.slots.acquire_nowait()
-                        else:
-                            await self.slots.acquire()  # backpressure: stop reading for now
-                        nursery.start_soon(self.handle, request)
+                        if not self.slots.value:
+                            # Answered here, in order: a client that does not read them
+                            # stops our reading when its socket fills.
+                            await self.send(self.refuse_busy(request))
+                            continue
+                        self.slots.acquire_nowait()
+                        # Registered now, not when the task starts: a `cancel` right behind
+                        # it in the same read must find it.
+                        scope = None
+                        if request.method != "cancel" and request.id not in self.in_flight:
+                            scope = self.in_flight[request.id] = trio.CancelScope()
+                        nursery.start_soon(self.handle, request, scope)
             finally:
                 # The peer is gone (or broke the framing): its requests die with it.
                 nursery.cancel_scope.cancel()
 
-    async def handle(self, request: Request) -> None:
+    def refuse_busy(self, request: Request) -> Reply:
+        if request.method == "cancel":
+            return self.cancel(request)
+        return _error(request.id, LIMIT_EXCEEDED,
+                      f"{MAX_IN_FLIGHT} requests are already in flight on this connection; "
+                      f"wait for some answers (or cancel some) before sending more, or open "
+                      f"another connection")
+
+    async def handle(self, request: Request, scope: trio.CancelScope | None) -> None:
         try:
             if request.method == "cancel":
                 reply = self.cancel(request)
             else:
-                reply = await self.run(request)
+                reply = await self.run(request, scope)
             await self.send(reply)
         finally:
             self.slots.release()
 
-    async def run(self, request: Request) -> Reply:
-        entry = methods.METHODS.get(request.method)
-        if entry is None:
-            return _error(request.id, UNKNOWN_METHOD, f"unknown method {request.method!r}; "
-                          f"known: {', '.join(sorted(methods.METHODS) + ['cancel'])}")
-        params_type, handler = entry
-        scope = trio.CancelScope()
-        if request.id in self.in_flight:
+    async def run(self, request: Request, scope: trio.CancelScope | None) -> Reply:
+        if scope is None:
             return _error(request.id, BAD_PARAMS,
                           f"request id {request.id} is already in flight on this connection")
-        self.in_flight[request.id] = scope
         try:
+            entry = methods.METHODS.get(request.method)
+            if entry is None:
+                return _error(request.id, UNKNOWN_METHOD, f"unknown method {request.method!r}; "
+                              f"known: {', '.join(sorted(methods.METHODS) + ['cancel'])}")
+            params_type, handler = entry
             with scope:
                 params = methods.decode(params_type, request)
                 result = await handler(self.supervisor, params)
