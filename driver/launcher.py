@@ -259,13 +259,39 @@ class StartError(Exception):
     pass
 
 
+RLIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
+
+
+def own_state():
+    """What of a shim a command can change from outside, being of the same uid (prlimit,
+    renice, chrt, /proc/PID/oom_score_adj), and what the shim would hand on to every later
+    command it starts."""
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            oom = os.read(fd, 64)
+        finally:
+            os.close(fd)
+    except OSError:
+        oom = None
+    return (tuple(map(resource.getrlimit, RLIMITS)), os.getpriority(os.PRIO_PROCESS, 0),
+            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, oom)
+
+
 class Limits:
     """The resource limits this shim has set on itself for its commands (posix_spawn cannot
-    set them on the child). None: the ones it inherited, which fit any request."""
+    set them on the child), and the state it had then. None: the ones it inherited, which fit
+    any request."""
 
     def __init__(self):
         self.applied = None
         self.unknown = False  # a setrlimit failed midway: retire after this job
+        self.state = own_state()
+
+    def tampered(self):
+        """Whether something changed our limits, priority, policy or OOM score since we set
+        them: we retire rather than start a command with them."""
+        return own_state() != self.state
 
     def fits(self, rlimits):
         return self.applied is None or self.applied == rlimits
@@ -286,6 +312,7 @@ class Limits:
                                  % (name, (soft, hard), e))
         self.applied = rlimits
         self.unknown = False
+        self.state = own_state()
 
     def cpu_nearly_spent(self):
         """Whether our own CPU time has used half the CPU limit we set on ourselves: the
@@ -351,6 +378,7 @@ def warm_up():
     copies it (about 6 us a page here): paid now, not on the spawn's critical path."""
     req = marshal.loads(WARMUP_REQUEST)
     which("warm-up-no-such-program", req["env"]["PATH"])
+    own_state()
     for name in req["rlimits"]:
         getattr(resource, "RLIMIT_" + name.upper(), None)
     to_json({"op": "started", "job": 0, "pid": 0}).encode()
@@ -393,7 +421,7 @@ def take_job(spawn, private, lost, slot, buf, limits):
             for fd in fds:
                 os.close(fd)
             continue
-        if not limits.fits(req.get("rlimits") or {}):
+        if not limits.fits(req.get("rlimits") or {}) or limits.tampered():
             return RETIRE
         claim(slot, job)
         # We are the channel's only reader: what we receive is what we peeked.

@@ -132,6 +132,39 @@ def bench_hello() -> None:
            ratio=median / e_median, target="< 60 us")
     report("hello round trip, p90", us(p90), anchor=f"trio echo {us(e_p90)}",
            ratio=p90 / e_p90)
+    with running_daemon() as (sock, root, _proc):
+        flooded = hello_while_flooded(sock, n=2000)
+    report("hello while another client pipelines hellos, median", us(flooded),
+           anchor=f"unflooded {us(median)}", ratio=flooded / median)
+
+
+FLOODER = r"""
+import socket, struct, sys, msgspec
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+body = msgspec.msgpack.encode({"id": 1, "method": "hello", "params": {}})
+batch = (struct.pack(">I", len(body)) + body) * 200
+print("flooding", flush=True)
+while True:
+    s.sendall(batch)
+    for _ in range(200):  # read the answers back, frame by frame
+        (length,) = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))
+        s.recv(length, socket.MSG_WAITALL)
+"""
+
+
+def hello_while_flooded(sock: str, n: int) -> float:
+    """Median hello of one client while another process pipelines batches of 200 hellos
+    without pause: what one greedy client costs everyone else."""
+    flooder = subprocess.Popen([sys.executable, "-c", FLOODER, sock], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    try:
+        flooder.stdout.readline()
+        with Client(sock) as c:
+            return stats(timed(c.hello, n, warmup=100))[0]
+    finally:
+        flooder.kill()
+        flooder.wait()
 
 
 # ------------------------------------------------------------------ shell

@@ -39,7 +39,7 @@ async def test_a_flood_does_not_starve_other_tasks(flood, wait_after_short):
             got += len(await reader.read(1 << 20))
         nursery.cancel_scope.cancel()
     # A reader that never yielded would leave the ticker at its first tick.
-    assert ticks > 10
+    assert ticks >= 5  # twenty reads: a turn at least every fourth
 
 
 async def test_a_cancelled_read_takes_nothing_from_the_descriptor():

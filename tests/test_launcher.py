@@ -765,3 +765,37 @@ async def test_a_shim_retires_before_its_own_cpu_time_reaches_the_cpu_limit(
     finally:
         await launcher.aclose()
         assert_gone(pids)
+
+
+async def test_a_spawn_cancelled_as_its_start_is_reported_ends_the_tree(launcher):
+    # The cancel lands after `started` was read but before the spawning task runs again: the
+    # call raises Cancelled, and what it started must not go on unsupervised.
+    scope = trio.CancelScope()
+    dispatch = launcher._dispatch
+
+    def cancel_then_dispatch(msg, fds):
+        if msg.get("op") == "started":
+            scope.cancel()  # the spawning task is woken with Cancelled, not yet run
+        dispatch(msg, fds)
+
+    launcher._dispatch = cancel_then_dispatch
+    with scope:
+        await launcher.spawn(["sh", "-c", "sleep 1000 & sleep 1000"], cwd="/", env=ENV,
+                             stdin=0, stdout=1, stderr=2, want_pid=False)
+    assert scope.cancelled_caught
+    launcher._dispatch = dispatch
+
+    def sleeps():
+        return [p for p in psutil.Process(launcher.host_pid).children(recursive=True)
+                if p.name() in ("sh", "sleep") and not has_exited(p)]
+
+    with trio.fail_after(20):  # a bound, not a speed: without the fix they stay for good
+        while sleeps():
+            await trio.sleep(0.05)
+
+
+def has_exited(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

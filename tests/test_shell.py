@@ -314,3 +314,34 @@ def test_workspace_with_non_utf8_name_is_refused(daemon, client):
         client.session_open(os.path.join(daemon.root, "link"))
     assert e.value.code == "bad_params" and "UTF-8" in e.value.message
     assert client.session_list()["sessions"] == []
+
+
+def test_what_a_command_does_to_its_shim_never_reaches_later_commands(client, session):
+    # Shims are reused, and a command may change its shim from outside (same uid): limits,
+    # priority, OOM score. A changed shim must not start anyone else's command.
+    probe = "echo $(nice) $(ulimit -n) $(ulimit -t) $(cat /proc/self/oom_score_adj)"
+    before = client.shell_run(session, probe)["output"]
+    tamper = ("renice -n 15 -p $PPID > /dev/null; prlimit --pid $PPID --nofile=16:16 --cpu=7:7;"
+              " echo 1000 > /proc/$PPID/oom_score_adj; echo done")
+    assert client.shell_run(session, tamper)["output"] == "done\n"
+    for _ in range(6):  # more than the shims there are
+        assert client.shell_run(session, probe)["output"] == before
+
+
+def test_a_command_that_stops_its_shim_is_still_ended_and_reported(daemon, client, session):
+    r = client.shell_run(session, "kill -STOP $PPID; sleep 1000", timeout_s=1)
+    assert r["timed_out"]
+    assert r["signal"] is not None  # the exit was reported, not lost with the stopped shim
+    assert daemon.running("sleep 1000") == []
+    bg = client.process_start(session, "kill -STOP $PPID; sleep 1000")
+    shim = psutil.Process(psutil.Process(bg["pid"]).ppid())
+    assert shim.name() != "bash"  # the shim, a copy of the launcher
+    for _ in range(600):  # until the command has stopped its shim (bounded)
+        if shim.status() == psutil.STATUS_STOPPED:
+            break
+        psutil.wait_procs([shim], timeout=0.05)
+    assert shim.status() == psutil.STATUS_STOPPED
+    stopped = client.process_stop(bg["id"])
+    assert stopped["status"] == "stopped" and stopped["ended"] >= 1
+    assert daemon.running("sleep 1000") == []
+    assert client.shell_run(session, "echo fine")["output"] == "fine\n"

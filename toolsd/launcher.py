@@ -517,13 +517,11 @@ class Launcher:
             await job._answered.wait()
         except BaseException:
             # Cancelled after the request went out: the command may start anyway, with nobody
-            # left to stop it, so it is killed as soon as it does.
+            # left to stop it, so it is killed as soon as it does (see _dispatch); if it has
+            # started already, now.
             job._abandoned = True
-            if job.pid > 0:
-                try:
-                    os.killpg(job.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            if job._answered.is_set() and job._error is None and self._tasks is not None:
+                self._tasks.start_soon(self._end_abandoned, job)
             raise
         if job._error is not None:
             raise LauncherError(job._error)

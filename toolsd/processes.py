@@ -49,7 +49,7 @@ from .protocol import (
     ProcessStopResult,
     ToolsdError,
 )
-from .shell import pump, signal_name, spawn_with_pipe
+from .shell import end_tree, pump, signal_name, spawn_with_pipe
 
 logger = logging.getLogger("toolsd.processes")
 
@@ -73,8 +73,6 @@ CPU_THREADS = 2
 # After the command exits, how long a waiting read gives the pipe to deliver the command's
 # last output before it answers (a child holding the pipe may keep it open for ever).
 EXIT_DRAIN_S = 0.1
-# How long stop() waits for the launcher to report the exit after the tree was killed.
-EXIT_REPORT_S = 5.0
 
 
 class BackgroundProcess:
@@ -219,15 +217,11 @@ class BackgroundProcess:
 
     async def stop(self, grace_s: float) -> ProcessStopResult:
         was_running = self.running
-        ended = survivors = 0
-        with self.job.holding_tree() as shim_pid:
-            if shim_pid is not None:
-                ended, survivors = await trio.to_thread.run_sync(
-                    lambda: proctree.kill_tree(shim_pid, grace_s=grace_s, include_root=False))
-        if was_running:
+        ended, survivors = await end_tree(self.job, grace_s)
+        # Stopped only if our signals ended something: a process that ended by itself just
+        # before (or while) we looked is "exited", with its own exit code.
+        if was_running and ended:
             self.stopped = True
-        with trio.move_on_after(EXIT_REPORT_S):
-            await self.job.exited.wait()
         if self.ended_at is None and not self.running:
             self.ended_at = time.time()
         return ProcessStopResult(id=self.id, status=self.status, exit_code=self.job.exit_code,

@@ -49,6 +49,8 @@ log = logging.getLogger("toolsd.server")
 # can always cancel; a client that does not read its answers is slowed by its socket.
 MAX_IN_FLIGHT = 256
 _RECV_SIZE = 256 * 1024
+# Frames of one read handled before the connection lets other tasks run.
+FRAMES_PER_TURN = 4
 
 
 class Connection:
@@ -107,7 +109,11 @@ class Connection:
                     except FrameTooLarge as e:
                         await self.refuse(FRAME_TOO_LARGE, f"{e}; send smaller frames")
                         break
-                    for body in frames:
+                    for n, body in enumerate(frames):
+                        if n and not n % FRAMES_PER_TURN:
+                            # A client pipelining many cheap requests would otherwise start
+                            # them all before anyone else gets a turn.
+                            await trio.lowlevel.checkpoint()
                         try:
                             request = request_decoder.decode(body)
                         except (msgspec.DecodeError, msgspec.ValidationError,

@@ -31,6 +31,9 @@ LEFTOVER_CHECK_S = 0.05
 READ_SIZE = 256 * 1024
 # A spawn that takes longer than this means the session's launcher was stopped from inside.
 SPAWN_TIMEOUT_S = 10.0
+# After its tree is killed, how long a job's shim has to report the exit before it is killed
+# too (a shim stopped by its own command never would).
+SHIM_REPORT_S = 1.0
 
 
 def signal_name(number: int | None) -> str | None:
@@ -125,14 +128,14 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
                 await job.exited.wait()
             if deadline.cancelled_caught:
                 timed_out = True
-                orphans = max(0, await end_tree(job, KILL_GRACE_S) - 1)
+                orphans = max(0, (await end_tree(job, KILL_GRACE_S))[0] - 1)
             else:
                 # The shim reports `done` as soon as nothing of the tree is left: the usual
                 # case, and then there is nothing to look for.
                 with trio.move_on_after(LEFTOVER_CHECK_S):
                     await job.done.wait()
                 if not job.done.is_set():
-                    orphans = await end_tree(job, 0)
+                    orphans = (await end_tree(job, 0))[0]
             with trio.move_on_after(DRAIN_S):
                 await reader_done.wait()
             nursery.cancel_scope.cancel()
@@ -171,14 +174,25 @@ async def kill_tree(root_pid: int, grace_s: float) -> tuple[int, int]:
         limiter=limiter)
 
 
-async def end_tree(job, grace_s: float) -> int:
+async def end_tree(job, grace_s: float) -> tuple[int, int]:
     """End the command's whole tree through its shim (every orphan of the tree reparents to
-    it) and return how many processes were ended."""
-    ended = 0
+    it) and wait for the exit to be reported; (processes ended, survivors)."""
+    ended = survivors = 0
     with job.holding_tree() as shim_pid:
         if shim_pid is not None:
-            ended, _survivors = await kill_tree(shim_pid, grace_s)
+            ended, survivors = await kill_tree(shim_pid, grace_s)
     if not job.exited.is_set():
+        with trio.move_on_after(SHIM_REPORT_S):
+            await job.exited.wait()
+    if not job.exited.is_set():
+        # The shim does not report (stopped by the command: kill -STOP $PPID). Killed, it
+        # makes the launcher end what is left of the job and report it.
+        with job.holding_tree() as shim_pid:
+            if shim_pid is not None:
+                try:
+                    os.kill(shim_pid, signal_module.SIGKILL)
+                except ProcessLookupError:
+                    pass
         with trio.move_on_after(5):
             await job.exited.wait()
-    return ended
+    return ended, survivors
