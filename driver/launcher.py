@@ -53,6 +53,7 @@ descendant and exits.
 import _signal
 import _ctypes
 import _socket as socket
+import errno
 import fcntl
 import marshal
 import mmap
@@ -85,9 +86,13 @@ MAX_READER_DEATHS = 3
 # reads it when the shim says "took" or dies.
 SLOT = struct.Struct("qqq")
 
-def load_prctl():
-    """prctl(2) of the C library, through _ctypes: the ctypes package would cost the
-    launcher's start ~5 ms, its Python layer being all we skip here."""
+class Long(_ctypes._SimpleCData):
+    _type_ = "l"
+
+
+def libc_function(name):
+    """A function of the C library returning int, through _ctypes: the ctypes package would
+    cost the launcher's start ~5 ms, its Python layer being all we skip here."""
     class Int(_ctypes._SimpleCData):
         _type_ = "i"
 
@@ -95,20 +100,26 @@ def load_prctl():
         _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
         _restype_ = Int
 
-    class ULong(_ctypes._SimpleCData):
-        _type_ = "L"
+    return Function(_ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), name))
 
-    function = Function(_ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), "prctl"))
-    return lambda option, value: function(option, ULong(value), 0, 0, 0)
+
+_prctl = libc_function("prctl")
+_syscall = libc_function("syscall")
+# ioprio_get(2) has no wrapper in the C library nor in Python.
+SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(os.uname().machine)
+IOPRIO_WHO_PROCESS = 1
 
 
 def prctl(option, value):
-    if _prctl(option, value) != 0:
+    if _prctl(option, Long(value), Long(0), Long(0), Long(0)) != 0:
         err = _ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
 
-_prctl = load_prctl()
+def ioprio():
+    if SYS_IOPRIO_GET is None:
+        return None
+    return _syscall(Long(SYS_IOPRIO_GET), Long(IOPRIO_WHO_PROCESS), Long(0))
 
 
 def to_json(obj):
@@ -256,42 +267,65 @@ def kill_everything():
 
 
 class StartError(Exception):
-    pass
+    def __init__(self, message, limit=False):
+        super().__init__(message)
+        self.limit = limit  # a resource limit refused it (EAGAIN): the daemon says so
 
 
 RLIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
-def own_state():
-    """What of a shim a command can change from outside, being of the same uid (prlimit,
-    renice, chrt, /proc/PID/oom_score_adj), and what the shim would hand on to every later
-    command it starts."""
+def read_self(name):
     try:
-        fd = os.open("/proc/self/oom_score_adj", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open("/proc/self/" + name, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            oom = os.read(fd, 64)
+            return os.read(fd, 64)
         finally:
             os.close(fd)
     except OSError:
-        oom = None
-    return (tuple(map(resource.getrlimit, RLIMITS)), os.getpriority(os.PRIO_PROCESS, 0),
-            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, oom)
+        return None
+
+
+def own_state():
+    """What of a launcher or shim process a command can change from outside, being of the
+    same uid (prlimit, renice, chrt, taskset, ionice, /proc/PID/oom_score_adj and
+    coredump_filter), and what a shim would hand on to every command it starts."""
+    return {
+        "rlimits": {r: resource.getrlimit(r) for r in RLIMITS},
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "policy": (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority),
+        "affinity": os.sched_getaffinity(0),
+        "ioprio": ioprio(),
+        "oom_score_adj": read_self("oom_score_adj"),
+        "coredump_filter": read_self("coredump_filter"),
+    }
+
+
+# The launcher's state when it started, before any command of the session could touch it
+# (set by main()). Shims compare theirs with it, not with what they inherited: the launcher
+# itself may have been changed since.
+REFERENCE = None
+
+
+class Tampered(Exception):
+    """The launcher's own state is no longer REFERENCE: every shim it forked would carry the
+    change to the session's commands."""
 
 
 class Limits:
     """The resource limits this shim has set on itself for its commands (posix_spawn cannot
-    set them on the child), and the state it had then. None: the ones it inherited, which fit
-    any request."""
+    set them on the child). None: the ones it inherited, which fit any request."""
 
     def __init__(self):
         self.applied = None
         self.unknown = False  # a setrlimit failed midway: retire after this job
-        self.state = own_state()
+        self.expected = REFERENCE
 
     def tampered(self):
-        """Whether something changed our limits, priority, policy or OOM score since we set
-        them: we retire rather than start a command with them."""
-        return own_state() != self.state
+        """Whether our limits, priority, policy, affinity, I/O priority or OOM settings differ
+        from the session's start (plus the limits we set): we retire rather than start a
+        command with them."""
+        return own_state() != self.expected
 
     def fits(self, rlimits):
         return self.applied is None or self.applied == rlimits
@@ -312,7 +346,10 @@ class Limits:
                                  % (name, (soft, hard), e))
         self.applied = rlimits
         self.unknown = False
-        self.state = own_state()
+        expected = dict(REFERENCE, rlimits=dict(REFERENCE["rlimits"]))
+        for name, (soft, hard) in rlimits.items():
+            expected["rlimits"][getattr(resource, "RLIMIT_" + name.upper())] = (soft, hard)
+        self.expected = expected
 
     def cpu_nearly_spent(self):
         """Whether our own CPU time has used half the CPU limit we set on ourselves: the
@@ -354,7 +391,8 @@ def start_command(req, fds, limits):
             return os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
                                   setsigdef=DEFAULT_SIGNALS, setsigmask=())
         except OSError as e:
-            raise StartError("cannot run %r: %s" % (program, e.strerror))
+            raise StartError("cannot run %r: %s" % (program, e.strerror),
+                             limit=e.errno == errno.EAGAIN)
     finally:
         for fd in (*fds, *moved):
             os.close(fd)
@@ -378,7 +416,7 @@ def warm_up():
     copies it (about 6 us a page here): paid now, not on the spawn's critical path."""
     req = marshal.loads(WARMUP_REQUEST)
     which("warm-up-no-such-program", req["env"]["PATH"])
-    own_state()
+    own_state() != REFERENCE
     for name in req["rlimits"]:
         getattr(resource, "RLIMIT_" + name.upper(), None)
     to_json({"op": "started", "job": 0, "pid": 0}).encode()
@@ -462,11 +500,23 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
         # "took" before any word to the daemon: a request the daemon sends after hearing
         # from us must never wait on a launcher that thinks we still read.
         tell(private, b"took")
-        send(host, {"op": "error", "job": job, "message": message})
+        send(host, {"op": "error", "job": job, "message": message,
+                    "limit": getattr(e, "limit", False)})
         os.close(hold_r)
         os.close(hold_w)
         return isinstance(e, StartError) and not limits.unknown
     SLOT.pack_into(slot, 0, 1, job, pid)  # should we die, the launcher ends what we started
+    if limits.tampered():
+        # Changed from outside between take_job's check and the spawn: the command may have
+        # inherited it. It goes, with anything it started, and so do we.
+        kill_everything()
+        tell(private, b"took")
+        send(host, {"op": "error", "job": job,
+                    "message": "another command of the session changed the launcher's shim "
+                               "(its limits or priority) as this one started; run it again"})
+        os.close(hold_r)
+        os.close(hold_w)
+        return False
     child_fd = os.pidfd_open(pid)
     tell(private, b"took")
     send(host, {"op": "started", "job": job, "pid": pid}, [child_fd, self_fd, hold_w])
@@ -528,9 +578,9 @@ def wait_release(hold_r, released):
     return True
 
 
-def set_policy(policy):
+def set_policy(policy, priority=0):
     try:
-        os.sched_setscheduler(0, policy, os.sched_param(0))
+        os.sched_setscheduler(0, policy, os.sched_param(priority))
     except OSError:
         pass  # only a matter of latency
 
@@ -551,8 +601,8 @@ def run_shim(host, spawn, private, lost, slot, standby):
         if standby or not select.select([spawn], [], [], 0)[0]:
             warm_up()  # it would only delay a request already there
         # The launcher's batch policy was right for forking us; from here on we are on the
-        # critical path of a spawn, and the command inherits our policy.
-        set_policy(os.SCHED_OTHER)
+        # critical path of a spawn, and the command inherits our policy: the session's own.
+        set_policy(*REFERENCE["policy"])
         limits = Limits()
         for jobs in range(1, MAX_JOBS_PER_SHIM + 1):
             hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
@@ -638,6 +688,12 @@ class Launcher:
         return [s for s in (self.reader, *self.standbys, *self.busy.values()) if s is not None]
 
     def fork_shim(self, standby):
+        state = own_state()
+        state["policy"] = REFERENCE["policy"]  # ours is the batch policy, on purpose
+        if state != REFERENCE:
+            raise Tampered("a command of the session changed the launcher itself (its limits, "
+                           "priority, affinity or OOM settings); every command it started "
+                           "would carry that, so the session ends")
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         slot = mmap.mmap(-1, SLOT.size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         try:
@@ -826,12 +882,14 @@ class Launcher:
         self.promote()
         if self.reader is not None:
             return True
+        limit = False
         if self.reader_deaths < MAX_READER_DEATHS:
             try:
                 self.fork_shim(standby=False)
                 return True
             except OSError as e:
                 reason = "the launcher could not fork: %s" % e.strerror
+                limit = e.errno == errno.EAGAIN
         else:
             reason = ("the launcher's shims were killed before they could start the command; "
                       "stop what kills them in the sandbox, or open a new session")
@@ -848,7 +906,7 @@ class Launcher:
         if job in self.lost_jobs:
             self.lost_jobs.discard(job)  # already failed
         else:
-            send(self.host, {"op": "error", "job": job, "message": reason})
+            send(self.host, {"op": "error", "job": job, "message": reason, "limit": limit})
         return True
 
     def serve(self):
@@ -935,10 +993,14 @@ def main():
     # daemon's sockets) through /proc.
     prctl(PR_SET_DUMPABLE, 0)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
+    global REFERENCE
+    REFERENCE = own_state()
     # SIGTERM ends us like EOF does: through the finally below, taking the tree along.
     _signal.signal(SIGTERM, lambda *_: sys.exit(0))
     try:
         Launcher(host, spawn).serve()
+    except Tampered as e:
+        print("launcher: %s" % e, file=sys.stderr)
     finally:
         kill_everything()
     return 0

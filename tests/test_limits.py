@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import has_ended, needs_bwrap
+from toolsd.client import ToolsdError
 from toolsd import cgroups
 
 
@@ -50,3 +51,20 @@ def test_fork_bomb_is_contained(daemon, client):
     assert client.hello()["protocol"] == 1
     client.session_close(s)
     assert [p for p in daemon.tree() if not has_ended(p)] == []
+
+
+@needs_bwrap
+@pytest.mark.skipif(cgroups.find_root()[0] is None,
+                    reason="no writable pids cgroup on this machine: " + cgroups.find_root()[1])
+def test_a_session_at_its_process_limit_says_so(daemon, client):
+    s = client.session_open(daemon.workspace, limits={"pids": 12})["session"]
+    started = []
+    with pytest.raises(ToolsdError) as e:
+        for _ in range(12):  # each needs a shim and a sleep: the limit comes first
+            started.append(client.process_start(s, "exec sleep 1000"))
+    assert e.value.code == "limit_exceeded"
+    assert "limits.pids 12" in e.value.message
+    for proc in started:
+        client.process_stop(proc["id"])
+    assert client.shell_run(s, "echo alive")["output"] == "alive\n"  # room again
+    client.session_close(s)

@@ -316,16 +316,40 @@ def test_workspace_with_non_utf8_name_is_refused(daemon, client):
     assert client.session_list()["sessions"] == []
 
 
-def test_what_a_command_does_to_its_shim_never_reaches_later_commands(client, session):
+PROBE = ("echo $(nice) $(ulimit -n) $(ulimit -t) $(cat /proc/self/oom_score_adj)"
+         " $(taskset -p $$ | awk '{print $NF}') $(ionice -p $$)")
+TAMPER = ("renice -n 15 -p {pid} > /dev/null; prlimit --pid {pid} --nofile=16:16 --cpu=7:7;"
+          " echo 900 > /proc/{pid}/oom_score_adj; taskset -p 1 {pid} > /dev/null;"
+          " ionice -c3 -p {pid}; echo done")
+
+
+@pytest.mark.parametrize("tamper", [
+    TAMPER.format(pid="$PPID"),
+    "taskset -p 1 $PPID > /dev/null; ionice -c3 -p $PPID; echo done",  # alone, each
+], ids=["everything", "affinity-and-io-class"])
+def test_what_a_command_does_to_its_shim_never_reaches_later_commands(client, session, tamper):
     # Shims are reused, and a command may change its shim from outside (same uid): limits,
-    # priority, OOM score. A changed shim must not start anyone else's command.
-    probe = "echo $(nice) $(ulimit -n) $(ulimit -t) $(cat /proc/self/oom_score_adj)"
-    before = client.shell_run(session, probe)["output"]
-    tamper = ("renice -n 15 -p $PPID > /dev/null; prlimit --pid $PPID --nofile=16:16 --cpu=7:7;"
-              " echo 1000 > /proc/$PPID/oom_score_adj; echo done")
+    # priority, OOM score, CPU affinity, I/O class. A changed shim must not start anyone
+    # else's command.
+    before = client.shell_run(session, PROBE)["output"]
     assert client.shell_run(session, tamper)["output"] == "done\n"
     for _ in range(6):  # more than the shims there are
-        assert client.shell_run(session, probe)["output"] == before
+        assert client.shell_run(session, PROBE)["output"] == before
+
+
+def test_a_command_that_changes_the_launcher_ends_the_session(client, session):
+    # The launcher forks the shims: changed, every shim after would carry the change. The
+    # session ends instead (at the launcher's next fork), and no command runs changed.
+    before = client.shell_run(session, PROBE)["output"]
+    launcher = "$(awk '{print $4}' /proc/$PPID/stat)"  # the shim's parent
+    r = client.shell_run(session, TAMPER.format(pid=launcher) + "; " + TAMPER.format(pid="$PPID"))
+    assert r["output"] == "done\ndone\n"
+    with pytest.raises(ToolsdError) as e:
+        for _ in range(10):
+            assert client.shell_run(session, PROBE)["output"] == before
+    assert e.value.code == "session_closed"
+    # Said as soon as the launcher finds out (its next fork), or by the next call.
+    assert "changed the launcher itself" in e.value.message or "closed" in e.value.message
 
 
 def test_a_command_that_stops_its_shim_is_still_ended_and_reported(daemon, client, session):

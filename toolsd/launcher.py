@@ -2,6 +2,7 @@
 commands through it, learn their host pids and exits.
 
     LauncherError          a start or spawn failed; the message is for users
+     +-- LauncherLimit     a resource limit of the session refused it
      +-- LauncherDied      the launcher is gone; nothing more can be spawned or reported
 
 The wire format is described in driver/launcher.py.
@@ -76,6 +77,10 @@ class LauncherError(Exception):
     """A start or spawn failed; the message says what happened and what to do."""
 
 
+class LauncherLimit(LauncherError):
+    """A resource limit of the session (its pids, say) refused a spawn."""
+
+
 class LauncherDied(LauncherError):
     """The launcher's channel closed while waiting (the launcher was killed or exited)."""
 
@@ -103,6 +108,7 @@ class Job:
         self._reported = False  # exited came from the shim, not from the launcher's death
         self._answered = trio.Event()  # started, error, or death
         self._error: str | None = None
+        self._error_limit = False  # the error was a resource limit's
         self._abandoned = False  # the spawn call was cancelled: kill it when it starts
         self._started_at = 0.0
         # Our end of the shim's hold pipe (see driver/launcher.py): while it is open the shim
@@ -441,6 +447,7 @@ class Launcher:
             job._answered.set()
         elif op == "error" and not job._answered.is_set():
             job._error = str(msg.get("message") or "the launcher could not start the command")
+            job._error_limit = bool(msg.get("limit"))
             del self._jobs[job.job]
             job._answered.set()
         elif op == "exited" and not job._answered.is_set():
@@ -485,6 +492,15 @@ class Launcher:
         for event in self._pongs.values():
             event.set()
 
+    def death_reason(self) -> str:
+        """Why the launcher is gone: the last line it wrote to stderr, if any."""
+        try:
+            self._errfile.seek(0)
+            lines = self._errfile.read()[-4000:].decode(errors="replace").strip().splitlines()
+        except (OSError, ValueError):
+            lines = []
+        return lines[-1] if lines else (self._death or "the sandbox launcher is gone")
+
     def _check_alive(self) -> None:
         if self._death is not None:
             raise LauncherDied(self._death)
@@ -524,7 +540,7 @@ class Launcher:
                 self._tasks.start_soon(self._end_abandoned, job)
             raise
         if job._error is not None:
-            raise LauncherError(job._error)
+            raise (LauncherLimit if job._error_limit else LauncherError)(job._error)
         if job.shim_pid == -1 and not self.alive:
             job._abandoned = True
             raise LauncherDied(self._death or "the sandbox launcher died")

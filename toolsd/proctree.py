@@ -72,7 +72,9 @@ def descendants(pid: int) -> list[psutil.Process]:
 def kill_tree(root_pid: int, *, grace_s: float, include_root: bool) -> tuple[int, int]:
     """SIGTERM every process of the tree, wait up to grace_s for them to go, SIGKILL the rest,
     and re-enumerate until none is left (a process may fork while we kill). Returns
-    (ended, survivors) counted from the host's view; a zombie counts as ended."""
+    (ended, survivors) counted from the host's view: ended are the processes that were
+    running when found and exited after (a zombie then counts as ended); one already a zombie
+    when found ended on its own and is not counted."""
     killer = _TreeKiller(grace_s)
     try:
         return killer.run(root_pid, include_root)
@@ -135,6 +137,9 @@ class _TreeKiller:
                 fd = os.pidfd_open(pid)
             except ProcessLookupError:
                 continue  # already reaped: it ended on its own, not by us
+            if select.select([fd], [], [], 0)[0]:
+                os.close(fd)
+                continue  # a zombie already: it ended on its own, not by us
             self.running[fd] = pid
             self.tracked += 1
             self.poller.register(fd, select.POLLIN)

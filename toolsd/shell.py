@@ -15,9 +15,16 @@ import trio
 
 from . import proctree
 from .fdio import FdReader
-from .launcher import LauncherDied, LauncherError
+from .launcher import LauncherDied, LauncherError, LauncherLimit
 from .output import HeadTail
-from .protocol import BAD_PARAMS, SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
+from .protocol import (
+    BAD_PARAMS,
+    LIMIT_EXCEEDED,
+    SESSION_CLOSED,
+    ShellRunParams,
+    ShellRunResult,
+    ToolsdError,
+)
 
 # After the command exits (and its leftovers are ended) we read what is already in the pipe for
 # at most this long: enough to drain a full pipe, short enough that a descriptor smuggled out of
@@ -88,6 +95,11 @@ async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, 
         os.close(read_fd)
         raise ToolsdError(SESSION_CLOSED, f"session {session.id} is closed or its sandbox "
                           f"died; open a new session") from None
+    except LauncherLimit as e:
+        os.close(read_fd)
+        raise ToolsdError(LIMIT_EXCEEDED, f"could not start {argv[0]}: {e}; the session is at "
+                          f"its process limit (limits.pids {session.limits.pids}): wait for "
+                          f"commands to end or stop background processes") from None
     except LauncherError as e:
         os.close(read_fd)
         raise ToolsdError(BAD_PARAMS, f"could not start {argv[0]}: {e}") from None
@@ -144,6 +156,11 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
             # Cancelled (the client went away, or a `cancel` request): the tree goes too.
             with trio.CancelScope(shield=True):
                 await end_tree(job, KILL_GRACE_S)
+    if job.lost and not timed_out:
+        # Its exit will never be known: the sandbox ended under it.
+        raise ToolsdError(SESSION_CLOSED, f"session {session.id}'s sandbox ended while the "
+                          f"command ran ({session.launcher.death_reason()}); open a new "
+                          f"session")
     output, truncated = out.result()
     return ShellRunResult(
         exit_code=job.exit_code,
