@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from PIL import Image
 
 from conftest import has_ended, needs_bwrap
 from toolsd.client import ToolsdError
@@ -64,6 +67,11 @@ def test_a_session_at_its_process_limit_says_so(daemon, client):
             started.append(client.process_start(s, "exec sleep 1000"))
     assert e.value.code == "limit_exceeded"
     assert "limits.pids 12" in e.value.message
+    with open(os.path.join(daemon.workspace, "pixel.png"), "wb") as f:
+        Image.new("RGB", (1, 1)).save(f, "PNG")
+    with pytest.raises(ToolsdError) as e:
+        client.image_read(s, "pixel.png")  # its reader is a process too
+    assert e.value.code == "limit_exceeded"
     for proc in started:
         client.process_stop(proc["id"])
     assert client.shell_run(s, "echo alive")["output"] == "alive\n"  # room again

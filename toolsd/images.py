@@ -28,7 +28,7 @@ import trio
 from PIL import Image, ImageOps
 
 from . import shell
-from .launcher import LauncherDied, LauncherError
+from .launcher import LauncherDied, LauncherError, LauncherLimit
 from .protocol import (
     BAD_PARAMS,
     IMAGE_TOO_LARGE,
@@ -480,6 +480,10 @@ async def _read_in_sandbox(session, path: str) -> bytes:
         if isinstance(e, LauncherDied):
             raise ToolsdError(SESSION_CLOSED, f"session {session.id}'s sandbox died; open a "
                               f"new session") from None
+        if isinstance(e, LauncherLimit):
+            raise ToolsdError(LIMIT_EXCEEDED, f"could not start a reader for {path}: {e}; the "
+                              f"session is at its process limit (limits.pids "
+                              f"{session.limits.pids})") from None
         if isinstance(e, LauncherError):
             raise ToolsdError(IO_ERROR, f"could not start a reader for {path}: {e}") from None
         raise
