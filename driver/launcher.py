@@ -246,6 +246,13 @@ def children_left():
             return True
 
 
+def signal_pid(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def kill_everything():
     """SIGKILL every descendant until none is left. We are a subreaper, so whatever a dying
     process forked meanwhile reparents to us and shows up in the next round."""
@@ -506,21 +513,17 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
         os.close(hold_w)
         return isinstance(e, StartError) and not limits.unknown
     SLOT.pack_into(slot, 0, 1, job, pid)  # should we die, the launcher ends what we started
-    if limits.tampered():
-        # Changed from outside between take_job's check and the spawn: the command may have
-        # inherited it. It goes, with anything it started, and so do we.
-        kill_everything()
-        tell(private, b"took")
-        send(host, {"op": "error", "job": job,
-                    "message": "another command of the session changed the launcher's shim "
-                               "(its limits or priority) as this one started; run it again"})
-        os.close(hold_r)
-        os.close(hold_w)
-        return False
     child_fd = os.pidfd_open(pid)
     tell(private, b"took")
     send(host, {"op": "started", "job": job, "pid": pid}, [child_fd, self_fd, hold_w])
     os.close(hold_w)
+    # Reported first: the command may stop us as soon as it runs. Then, if something changed
+    # us between take_job's check and the spawn, the command may have inherited it: it is
+    # killed (too young to have started anything; its exit is reported as SIGKILL), and we
+    # retire after this job.
+    tainted = limits.tampered()
+    if tainted:
+        signal_pid(pid, SIGKILL)
     # The daemon reads our and the command's host pids from the pidfds, then writes to the
     # hold pipe; until then a quick command must stay an unreaped zombie or its pid would read
     # as -1. Its exit is reported without waiting for that (WNOWAIT leaves it unreaped).
@@ -552,7 +555,7 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
         if not children_left():
             exited["done"] = True  # one message, one wakeup of the daemon
             send(host, exited)
-            return wait_release(hold_r, released)
+            return wait_release(hold_r, released) and not tainted
         send(host, exited)
     else:
         os.waitpid(pid, 0)
@@ -562,7 +565,7 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
         except ChildProcessError:
             break
     send(host, {"op": "done", "job": job})
-    return wait_release(hold_r, released)
+    return wait_release(hold_r, released) and not tainted
 
 
 def wait_release(hold_r, released):
@@ -795,11 +798,12 @@ class Launcher:
 
     def reap(self):
         reaped = False
-        orphaned = []  # (job, command) of shims that died with their command running
+        dead = []  # (job, command or 0) of shims killed in the middle of a job
         others = {}  # pid -> wait status of children that were no shim
         for pid, status in reap_nohang():
             reaped = True
-            others[pid] = status
+            if pid not in {shim.pid for shim in self.shims()}:
+                others[pid] = status  # something a dead shim left, reparented to us
             for shim in self.standbys:
                 if shim.pid == pid:
                     self.standbys.remove(shim)
@@ -825,24 +829,27 @@ class Launcher:
                 self.read_words(shim)  # an "idle" said before dying
             command = shim.command()
             shim.close()
-            if status == 0 or shim.job is None:
-                continue
-            if command:
-                # Killed with its command running (by the command itself, say): the tree
-                # has reparented to us, and nothing can tell it from other dead shims' trees.
-                orphaned.append((shim.job, command))
-            else:
-                # The shim failed or was killed before starting the command: say so, or the
-                # daemon would wait for `started` forever.
-                send(self.host, {"op": "error", "job": shim.job,
-                                 "message": "the launcher's shim died before starting the "
-                                            "command"})
-        if orphaned:
+            if status != 0 and shim.job is not None:
+                dead.append((shim.job, command))
+        if dead:
+            # Whatever the dead shims started has reparented to us: it goes, and nothing
+            # tells one dead shim's tree from another's.
             others.update(self.kill_orphans())
-            for job, command in orphaned:
-                # A wait status of SIGKILL (9) if its status went unseen.
-                message = exit_message_of_status(job, others.get(command, SIGKILL))
-                message["done"] = True
+            for job, command in dead:
+                if not command and len(dead) == 1 and others:
+                    # Killed between starting its command and writing its pid down (the
+                    # command can stop it that soon): what we just ended was that command.
+                    command = -1
+                if command:
+                    # A wait status of SIGKILL (9) where its own went unseen.
+                    message = exit_message_of_status(job, others.get(command, SIGKILL))
+                    message["done"] = True
+                else:
+                    # Failed or killed before starting the command: say so, or the daemon
+                    # would wait for `started` for ever.
+                    message = {"op": "error", "job": job,
+                               "message": "the launcher's shim died before starting the "
+                                          "command"}
                 send(self.host, message)
         if reaped and self.reader_deaths == 0:
             self.refill()

@@ -799,3 +799,38 @@ def has_exited(proc: psutil.Process) -> bool:
         return proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+async def test_a_shim_stopped_before_it_reports_the_start_is_killed_and_the_job_reported(
+        nursery, wrapper, tmp_path):
+    # A command can stop its shim (kill -STOP $PPID) before the shim says `started`: the
+    # request would wait for ever, and the launcher with it, for a reader that never reads.
+    script = tmp_path / "stopped_shim.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {os.path.dirname(LAUNCHER_PY)!r})
+        import launcher
+        original = launcher.start_command
+
+        def start_then_stop(req, *args):
+            pid = original(req, *args)
+            if req["argv"][-1] == "stop-me":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return pid
+
+        launcher.start_command = start_then_stop
+        sys.exit(launcher.main())
+    """))
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=str(script))
+    pids = tree_pids(launcher)
+    try:
+        with trio.fail_after(20):  # a bound, not a speed: without the fix it waits for ever
+            job = await launcher.spawn(["sh", "-c", "sleep 1000", "stop-me"], cwd="/",
+                                       env=ENV, stdin=0, stdout=1, stderr=2, want_pid=False)
+            assert await job.wait() == (None, signal.SIGKILL)
+            await job.done.wait()
+            assert await run(launcher, ["echo", "after"]) == (b"after\n", (0, None))
+        pids |= tree_pids(launcher)
+    finally:
+        await launcher.aclose()
+        assert_gone(pids)

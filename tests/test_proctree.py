@@ -127,7 +127,8 @@ async def test_setsid_double_forked_grandchild_is_found_and_ended(launcher):
         assert os.getsid(orphan.pid) != os.getsid(job.shim_pid)
         assert not job.done.is_set()
         assert await kill_tree(job.shim_pid, grace_s=2) == (1, 0)
-        assert running([orphan.pid]) == []
+        # The process itself, not its pid: under load a reaped pid may soon name another.
+        assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
         await job.done.wait()
 
 

@@ -353,11 +353,13 @@ def test_a_command_that_changes_the_launcher_ends_the_session(client, session):
 
 
 def test_a_command_that_stops_its_shim_is_still_ended_and_reported(daemon, client, session):
-    r = client.shell_run(session, "kill -STOP $PPID; sleep 1000", timeout_s=1)
+    # (The sleep first: stopped before it even reported the start, the shim is a case of its
+    # own, tested in test_launcher.py.)
+    r = client.shell_run(session, "sleep 0.5; kill -STOP $PPID; sleep 1000", timeout_s=2)
     assert r["timed_out"]
     assert r["signal"] is not None  # the exit was reported, not lost with the stopped shim
     assert daemon.running("sleep 1000") == []
-    bg = client.process_start(session, "kill -STOP $PPID; sleep 1000")
+    bg = client.process_start(session, "sleep 0.5; kill -STOP $PPID; sleep 1000")
     shim = psutil.Process(psutil.Process(bg["pid"]).ppid())
     assert shim.name() != "bash"  # the shim, a copy of the launcher
     for _ in range(600):  # until the command has stopped its shim (bounded)

@@ -14,6 +14,7 @@ import array
 import contextlib
 import errno
 import itertools
+import logging
 import marshal
 import os
 import signal
@@ -28,6 +29,8 @@ import msgspec
 import psutil
 import trio
 
+log = logging.getLogger("toolsd.launcher")
+
 import driver
 
 from . import proctree
@@ -40,6 +43,8 @@ ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 # kills, so nothing is left as a zombie) before killing everything from the host.
 CLEAN_EXIT_S = 2.0
 READY_TIMEOUT_S = 30.0
+# A spawn not answered within this time looks for shims stopped by the session's commands.
+SPAWN_STALL_S = 1.0
 _json_decode = msgspec.json.Decoder().decode
 # Runs the launcher from code compiled by the daemon and handed over on stdin: run as a script,
 # launcher.py would be compiled afresh by every session start (no .pyc for a script), a third
@@ -451,10 +456,15 @@ class Launcher:
             del self._jobs[job.job]
             job._answered.set()
         elif op == "exited" and not job._answered.is_set():
-            # The shim died between starting the command and saying so; the launcher ended
-            # what it had started.
-            job._error = "the launcher's shim died as it started the command"
+            # The shim died (or was killed, stopped by its command) between starting the
+            # command and saying so; the launcher ended what it had started and reports it.
+            # The call gets the command's end, without its pids.
+            job.exit_code = msg.get("code")
+            job.signal = msg.get("signal")
+            job._reported = True
+            job.exited.set()
             del self._jobs[job.job]
+            job.done.set()
             job._answered.set()
         elif op == "exited":
             job.exit_code = msg.get("code")
@@ -480,6 +490,9 @@ class Launcher:
     def _mark_dead(self, reason: str) -> None:
         if self._death is not None:
             return
+        if not self._closing:
+            log.warning("the sandbox launcher (pid %s) is gone: %s; its last words: %s",
+                        self.host_pid, reason, self.death_reason())
         self._death = reason
         self.alive = False
         for job in self._jobs.values():
@@ -530,7 +543,14 @@ class Launcher:
             del self._jobs[job.job]  # never sent: nothing will answer for it
             raise
         try:
-            await job._answered.wait()
+            with trio.move_on_after(SPAWN_STALL_S):
+                await job._answered.wait()
+            if not job._answered.is_set():
+                # A command may stop its shim (kill -STOP $PPID) before the shim says
+                # started, leaving the request unanswered and the launcher waiting on that
+                # shim for ever. Stopped shims are killed; the launcher reports the job.
+                await trio.to_thread.run_sync(self._kill_stopped_shims)
+                await job._answered.wait()
         except BaseException:
             # Cancelled after the request went out: the command may start anyway, with nobody
             # left to stop it, so it is killed as soon as it does (see _dispatch); if it has
@@ -545,6 +565,21 @@ class Launcher:
             job._abandoned = True
             raise LauncherDied(self._death or "the sandbox launcher died")
         return job
+
+    def _kill_stopped_shims(self) -> None:
+        try:
+            shims = psutil.Process(self.host_pid).children()
+        except psutil.Error:
+            return
+        for shim in shims:
+            try:
+                if shim.status() == psutil.STATUS_STOPPED:
+                    log.warning("killing shim %s of the sandbox launcher %s: it was stopped "
+                                "(by a command of the session?) with a request waiting",
+                                shim.pid, self.host_pid)
+                    shim.kill()
+            except psutil.Error:
+                pass
 
     async def ping(self) -> None:
         """Round trip to the launcher; LauncherDied if it is gone."""

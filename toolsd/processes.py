@@ -222,6 +222,10 @@ class BackgroundProcess:
         # before (or while) we looked is "exited", with its own exit code.
         if was_running and ended:
             self.stopped = True
+        # Answer once its last output is in, so that it no longer counts as live (see start):
+        # a start right after a stop finds the room the stop made.
+        with trio.move_on_after(EXIT_DRAIN_S + 1):
+            await self.finished.wait()
         if self.ended_at is None and not self.running:
             self.ended_at = time.time()
         return ProcessStopResult(id=self.id, status=self.status, exit_code=self.job.exit_code,
@@ -274,7 +278,7 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
     _shell_name, shell_path = session.shell
-    live = sum(1 for bg in session.processes.values() if not bg.retired)
+    live = sum(1 for bg in session.processes.values() if not bg.finished.is_set())
     if live >= MAX_LIVE_PER_SESSION:
         raise ToolsdError(LIMIT_EXCEEDED, f"process.start: session {session.id} already has "
                           f"{live} background processes that have not finished, the most it "
