@@ -607,6 +607,22 @@ async def test_request_waiting_while_the_spares_are_killed_runs_on_a_new_spare(l
             assert await signaller.wait() == (0, None)
 
 
+def start_command_wrapped(folder, name: str, code: str) -> str:
+    """A launcher script whose shims start commands through `wrapped(req, *args)`, defined
+    by `code`, which may call `original(req, *args)` (os, signal and time are imported)."""
+    script = folder / f"{name}.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, time
+        sys.path.insert(0, {os.path.dirname(LAUNCHER_PY)!r})
+        import launcher
+        original = launcher.start_command
+    """) + textwrap.dedent(code) + textwrap.dedent("""
+        launcher.start_command = wrapped
+        sys.exit(launcher.main())
+    """))
+    return str(script)
+
+
 def faulty_launcher(folder, function: str, after: bool) -> str:
     """A launcher whose first call of `function` in a spare SIGKILLs that spare (before or
     after the call): a spare dying at exactly that point of taking a job."""
@@ -696,22 +712,13 @@ async def test_spares_that_keep_dying_fail_the_request_clearly(nursery, wrapper,
 async def test_a_cancelled_spawn_ends_the_whole_tree_it_started(nursery, wrapper, tmp_path):
     # The shim takes its time to say `started` (as under load), so the command has forked
     # when the daemon learns of it: killing the command alone would leave its children.
-    script = tmp_path / "slow_started.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {os.path.dirname(LAUNCHER_PY)!r})
-        import launcher
-        original = launcher.start_command
-
-        def slow(*args):
-            pid = original(*args)
+    script = start_command_wrapped(tmp_path, "slow_started", """
+        def wrapped(req, *args):
+            pid = original(req, *args)
             time.sleep(1.0)
             return pid
-
-        launcher.start_command = slow
-        sys.exit(launcher.main())
-    """))
-    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=str(script))
+    """)
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=script)
     pids = tree_pids(launcher)
     try:
         with trio.move_on_after(0.1) as waited:
@@ -739,23 +746,14 @@ async def test_a_shim_retires_before_its_own_cpu_time_reaches_the_cpu_limit(
     # A shim sets the session's RLIMIT_CPU on itself (for its commands) and counts its own CPU
     # time against it across jobs. Here each spawn costs the shim 0.3 s of CPU, so a shim that
     # stayed would be killed by the kernel in the middle of its fourth job.
-    script = tmp_path / "costly_shim.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {os.path.dirname(LAUNCHER_PY)!r})
-        import launcher
-        original = launcher.start_command
-
-        def costly(*args):
+    script = start_command_wrapped(tmp_path, "costly_shim", """
+        def wrapped(req, *args):
             spent = time.process_time() + 0.3
             while time.process_time() < spent:
                 pass
-            return original(*args)
-
-        launcher.start_command = costly
-        sys.exit(launcher.main())
-    """))
-    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=str(script))
+            return original(req, *args)
+    """)
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=script)
     pids = tree_pids(launcher)
     try:
         for _ in range(8):
@@ -805,23 +803,14 @@ async def test_a_shim_stopped_before_it_reports_the_start_is_killed_and_the_job_
         nursery, wrapper, tmp_path):
     # A command can stop its shim (kill -STOP $PPID) before the shim says `started`: the
     # request would wait for ever, and the launcher with it, for a reader that never reads.
-    script = tmp_path / "stopped_shim.py"
-    script.write_text(textwrap.dedent(f"""
-        import os, signal, sys
-        sys.path.insert(0, {os.path.dirname(LAUNCHER_PY)!r})
-        import launcher
-        original = launcher.start_command
-
-        def start_then_stop(req, *args):
+    script = start_command_wrapped(tmp_path, "stopped_shim", """
+        def wrapped(req, *args):
             pid = original(req, *args)
             if req["argv"][-1] == "stop-me":
                 os.kill(os.getpid(), signal.SIGSTOP)
             return pid
-
-        launcher.start_command = start_then_stop
-        sys.exit(launcher.main())
-    """))
-    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=str(script))
+    """)
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=script)
     pids = tree_pids(launcher)
     try:
         with trio.fail_after(20):  # a bound, not a speed: without the fix it waits for ever
