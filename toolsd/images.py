@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import trio
 from PIL import Image, ImageOps
 
-from . import shell
+from . import shell, threads
 from .launcher import LauncherDied, LauncherError, LauncherLimit
 from .protocol import (
     BAD_PARAMS,
@@ -401,19 +401,6 @@ _NOT_FOUND_REASONS = {
     "Permission denied",
 }
 
-_decode_limiter: trio.lowlevel.RunVar = trio.lowlevel.RunVar("toolsd_image_decode_limiter")
-
-
-def _limiter() -> trio.CapacityLimiter:
-    # A RunVar, not a module global: a CapacityLimiter belongs to one trio run.
-    try:
-        return _decode_limiter.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(DECODE_SLOTS)
-        _decode_limiter.set(limiter)
-        return limiter
-
-
 async def read(session, p: ImageReadParams) -> ImageReadResult:
     """image.read: the file at `p.path` (relative paths from the workspace), as the session
     sees it, fitted within p.max_dim and p.max_bytes."""
@@ -430,7 +417,7 @@ async def read(session, p: ImageReadParams) -> ImageReadResult:
     # The slot covers the read too: 20 concurrent reads of a 60 MB file once held 1.2 GB of
     # file bytes while waiting for a decode slot.
     try:
-        async with _limiter():
+        async with threads.limiter("image_decode", DECODE_SLOTS):
             data = await _read_in_sandbox(session, p.path)
             fitted = await trio.to_thread.run_sync(
                 lambda: fit_image(data, max_dim=p.max_dim, max_bytes=p.max_bytes,

@@ -33,7 +33,7 @@ log = logging.getLogger("toolsd.launcher")
 
 import driver
 
-from . import proctree
+from . import proctree, threads
 
 LAUNCHER_PY = os.path.join(os.path.dirname(os.path.abspath(driver.__file__)), "launcher.py")
 MAX_MSG = 1 << 18  # more than any datagram the default socket buffers let through
@@ -43,6 +43,8 @@ ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 # kills, so nothing is left as a zombie) before killing everything from the host.
 CLEAN_EXIT_S = 2.0
 READY_TIMEOUT_S = 30.0
+# Tree kills at once, each in a worker thread of its own (a SIGTERM grace holds its thread).
+KILL_THREADS = 256
 # A spawn not answered within this time looks for shims stopped by the session's commands.
 SPAWN_STALL_S = 1.0
 _json_decode = msgspec.json.Decoder().decode
@@ -485,7 +487,8 @@ class Launcher:
         with trio.CancelScope(shield=True), job.holding_tree() as shim_pid:
             if shim_pid is not None:
                 await trio.to_thread.run_sync(
-                    lambda: proctree.kill_tree(shim_pid, grace_s=0, include_root=False))
+                    lambda: proctree.kill_tree(shim_pid, grace_s=0, include_root=False),
+                    limiter=threads.limiter("kill", KILL_THREADS))
 
     def _mark_dead(self, reason: str) -> None:
         if self._death is not None:

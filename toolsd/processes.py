@@ -25,7 +25,7 @@ from functools import partial
 import psutil
 import trio
 
-from . import proctree
+from . import proctree, threads
 from .output import (
     CappedLog,
     Ring,
@@ -359,22 +359,6 @@ def _remove_log(log_file: CappedLog, owner: str) -> None:
                 logger.warning("%s: cannot remove %s: %s", owner, path, e)
 
 
-def _limiter(name: str) -> trio.CapacityLimiter:
-    var = _LIMITERS[name]
-    try:
-        return var.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(CPU_THREADS)
-        var.set(limiter)
-        return limiter
-
-
-# One per trio run (a RunVar), each for one kind of work, so that costly `until` patterns
-# cannot hold up the rendering of every other read.
-_LIMITERS = {name: trio.lowlevel.RunVar(f"toolsd_{name}_threads")
-             for name in ("until", "render")}
-
-
 async def _search(until: UntilPattern, data: bytes, context: str) -> bool:
     if until.work(len(data)) <= INLINE_SEARCH_WORK:
         found = until.search(data, context)
@@ -383,7 +367,7 @@ async def _search(until: UntilPattern, data: bytes, context: str) -> bool:
     # Abandoned at the caller's deadline: the thread finishes its bounded step on its own,
     # on its private copy of the output.
     return await trio.to_thread.run_sync(until.search, data, context, abandon_on_cancel=True,
-                                         limiter=_limiter("until"))
+                                         limiter=threads.limiter("until", CPU_THREADS))
 
 
 async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutputResult:
@@ -448,7 +432,7 @@ async def read_range(proc: BackgroundProcess, start: int, end: int, max_chars: i
     if len(data) + (len(tail) if tail is not data else 0) <= INLINE_RENDER_BYTES:
         text, truncated = fit()
     else:
-        text, truncated = await trio.to_thread.run_sync(fit, limiter=_limiter("render"))
+        text, truncated = await trio.to_thread.run_sync(fit, limiter=threads.limiter("render", CPU_THREADS))
     return text, truncated, dropped
 
 

@@ -13,9 +13,9 @@ import time
 
 import trio
 
-from . import proctree
+from . import proctree, threads
 from .fdio import FdReader
-from .launcher import LauncherDied, LauncherError, LauncherLimit
+from .launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
 from .output import HeadTail
 from .protocol import (
     BAD_PARAMS,
@@ -175,20 +175,12 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
     )
 
 
-_kill_limiter: trio.lowlevel.RunVar = trio.lowlevel.RunVar("toolsd_kill_limiter")
-
-
 async def kill_tree(root_pid: int, grace_s: float) -> tuple[int, int]:
     """proctree.kill_tree in a worker thread of its own pool: a stop holds its thread for the
     whole grace period, and must not starve the threads everything else uses."""
-    try:
-        limiter = _kill_limiter.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(256)
-        _kill_limiter.set(limiter)
     return await trio.to_thread.run_sync(
         lambda: proctree.kill_tree(root_pid, grace_s=grace_s, include_root=False),
-        limiter=limiter)
+        limiter=threads.limiter("kill", KILL_THREADS))
 
 
 async def end_tree(job, grace_s: float) -> tuple[int, int]:
