@@ -42,11 +42,17 @@ import sys
 import traceback
 import types
 
+try:
+    import _signal  # CPython's; signal.getsignal wraps its answer in an enum
+except ImportError:
+    _signal = signal
+
 COMMAND_FD = 3
 MARKER_PREFIX = b"\x1eTOOLSD-"
 _CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect at startup
 _DRIVER_FILE = os.path.abspath(__file__)
 _ERRORS = "toolsd.surrogates"
+_STATUS = {s: json.dumps({"status": s}).encode() for s in ("ok", "error", "interrupted")}
 
 
 def _encode_surrogates(exc):
@@ -122,6 +128,7 @@ class _Interrupts:
     def __init__(self):
         self.armed = False
         self.user_handler = None
+        self._handle = self.handle  # one bound method, so that `is` recognises it
 
     def handle(self, signum, frame):
         if not self.armed:
@@ -134,13 +141,15 @@ class _Interrupts:
         raise KeyboardInterrupt
 
     def install(self):
-        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGINT, self._handle)
 
     def reclaim(self):
-        current = signal.getsignal(signal.SIGINT)
-        if current != self.handle:
+        # _signal's getsignal: the enum that signal's own wraps its answer in was a third
+        # of what a small request cost the driver.
+        if _signal.getsignal(signal.SIGINT) is not self._handle:
+            current = signal.getsignal(signal.SIGINT)
             self.user_handler = None if current is signal.default_int_handler else current
-            signal.signal(signal.SIGINT, self.handle)
+            signal.signal(signal.SIGINT, self._handle)
 
 
 class _Driver:
@@ -148,7 +157,7 @@ class _Driver:
         self._sentinel_head = MARKER_PREFIX + uuid + b":"
         # A private copy of fd 1: user code that closes or redirects fd 1 cannot lose the
         # sentinel (and with it every later answer).
-        self._out_fd = out_fd
+        self._out = _FdWriter(out_fd)
         self._pid = os.getpid()
         self._interrupts = _Interrupts()
         self._loop = None  # asyncio loop for top-level await, made on first use
@@ -246,8 +255,7 @@ class _Driver:
             self._libc_fflush(None)  # printf output of C extensions
 
     def write_sentinel(self, seq, status):
-        line = self._sentinel_head + b"%d:%s\n" % (seq, json.dumps({"status": status}).encode())
-        _FdWriter(self._out_fd).write(line)
+        self._out.write(self._sentinel_head + b"%d:%s\n" % (seq, _STATUS[status]))
 
 
 def _compile(source, filename):

@@ -405,15 +405,69 @@ def frame(request: dict) -> bytes:
 
 def read_replies(s: socket.socket, *, until: int) -> dict[int, dict]:
     """Replies by id, read until the one with id `until` is in."""
+    return {reply["id"]: reply for reply in read_reply_list(s, until=until)}
+
+
+def read_reply_list(s: socket.socket, *, until: int, count: int = 1) -> list[dict]:
+    """Every reply in the order it came, read until the one with id `until` is in and
+    `count` replies in all."""
     reader = FrameReader(1 << 24)
-    replies: dict[int, dict] = {}
-    while until not in replies:
+    replies: list[dict] = []
+    while len(replies) < count or not any(reply["id"] == until for reply in replies):
         data = s.recv(1 << 16)
         assert data, "the daemon closed the connection"
-        for body in reader.feed(data):
-            reply = msgspec.msgpack.decode(body)
-            replies[reply["id"]] = reply
+        replies += [msgspec.msgpack.decode(body) for body in reader.feed(data)]
     return replies
+
+
+def test_each_request_is_answered_once_and_a_cancel_after_the_answer_finds_nothing(
+        daemon, session, turn):
+    # The answer goes out from the task that reads the sentinel (toolsd/early.py); the
+    # request's own task must not send it again, nor may a cancel reach it after.
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(STUCK_S)
+        s.connect(daemon.socket)
+        for n in range(1, 30, 3):
+            params = {"session": session, "turn": turn, "code": f"print({n})"}
+            s.sendall(frame({"id": n, "method": "repl.exec", "params": params}))
+            first = read_reply_list(s, until=n)
+            s.sendall(frame({"id": n + 1, "method": "cancel", "params": {"request": n}}))
+            s.sendall(frame({"id": n + 2, "method": "hello", "params": {}}))
+            rest = read_reply_list(s, until=n + 2, count=2)
+            assert [r["id"] for r in first] == [n]
+            assert first[0]["result"]["output"] == f"{n}\n"
+            # The two answers may come in either order; one of each, nothing else.
+            assert sorted(r["id"] for r in rest) == [n + 1, n + 2]
+            cancel = next(r for r in rest if r["id"] == n + 1)
+            assert cancel["error"]["code"] == "not_found"
+
+
+def test_big_answers_stay_whole_when_the_client_reads_them_late(daemon, session):
+    # Answers of a megabyte each, on four REPLs at once, to a client that reads nothing until
+    # all are asked: an answer the socket takes only in part must be finished before any
+    # other goes out.
+    size = 1_000_000
+    with daemon.client() as c:
+        turns = [c.turn_begin(session)["turn"] for _ in range(4)]
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(STUCK_S)
+        s.connect(daemon.socket)
+        requests = [(n * 4 + i + 1, t) for n in range(2) for i, t in enumerate(turns)]
+        for rid, t in requests:
+            params = {"session": session, "turn": t, "code": f"print('{rid % 10}' * {size})",
+                      "max_output_chars": size + 1}
+            s.sendall(frame({"id": rid, "method": "repl.exec", "params": params}))
+        s.sendall(frame({"id": 100, "method": "hello", "params": {}}))
+        reader = FrameReader(1 << 24)
+        replies = []
+        while len(replies) < len(requests) + 1:
+            data = s.recv(1 << 16)
+            assert data, "the daemon closed the connection"
+            replies += [msgspec.msgpack.decode(body) for body in reader.feed(data)]
+    assert sorted(r["id"] for r in replies) == sorted([rid for rid, _ in requests] + [100])
+    for reply in replies:
+        if reply["id"] != 100:
+            assert reply["result"]["output"] == str(reply["id"] % 10) * size + "\n"
 
 
 async def test_a_slow_repl_exec_does_not_delay_hello(daemon, session, turn):

@@ -31,12 +31,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import functools
 import time
 import uuid as uuidlib
 
 import msgspec
 import trio
 
+from . import early
 from .output import HeadTail, Ring
 from .protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
 from .sentinel import Sentinel, SentinelScanner
@@ -163,27 +165,33 @@ class Repl:
                                       f"interpreter started; start a new turn")
             out = HeadTail(p.max_output_chars)
             late_dropped = self._take_late(out)
-            status, state_lost, notice = await self._run(interp, p, out)
+            result = functools.partial(_result, out, late_dropped, fresh, started)
+            answer = early.current()
+            sent = None
+            on_sentinel = None
+            if answer is not None:
+                # Sent by the task that reads the sentinel, a scheduler pass sooner.
+                def on_sentinel(ok: bool) -> None:
+                    nonlocal sent
+                    done = result("ok" if ok else "error", False, "")
+                    if answer.send(done):
+                        sent = done
+            status, state_lost, notice = await self._run(interp, p, out, on_sentinel)
         finally:
             self._lock.release()
-        output, truncated = _render(out, notice)
-        return ReplExecResult(
-            status=status,
-            output=output,
-            output_bytes=out.total + late_dropped,
-            truncated=truncated or late_dropped > 0,
-            fresh=fresh,
-            state_lost=state_lost,
-            duration_s=round(time.monotonic() - started, 6),
-        )
+        return sent or result(status, state_lost, notice)
 
-    async def _run(self, interp: _Interpreter, p: ReplExecParams, out: HeadTail):
-        """(status, state_lost, notice) of one request."""
+    async def _run(self, interp: _Interpreter, p: ReplExecParams, out: HeadTail,
+                   on_sentinel=None):
+        """(status, state_lost, notice) of one request. `on_sentinel(ok)` is called by the
+        reading task if the sentinel comes in time."""
         finished = False
         try:
             with trio.move_on_after(p.timeout_s) as deadline:
+                interp.on_sentinel = on_sentinel
                 await interp.send(p.code, out.feed)
                 await interp.settled()
+            interp.on_sentinel = None  # a sentinel after SIGINT is not the answer
             if deadline.cancelled_caught:
                 result = await self._interrupt(interp, p.timeout_s)
             else:
@@ -191,6 +199,7 @@ class Repl:
             finished = True
             return result
         finally:
+            interp.on_sentinel = None
             if not finished:
                 # Cancelled: the request's answer is not wanted, but the interpreter must
                 # be back in sync (or gone) before the next request takes the lock.
@@ -202,8 +211,7 @@ class Repl:
             await interp.drain()
         if interp.sentinel is not None:
             # "interrupted" without our SIGINT: the code raised KeyboardInterrupt itself.
-            ok = interp.sentinel.status.get("status") == "ok"
-            return ("ok" if ok else "error"), False, ""
+            return ("ok" if interp.sentinel.ok else "error"), False, ""
         await interp.kill()
         return "crashed", True, (f"[the {self.language} interpreter died ({interp.how_it_ended()})"
                                  f"; its state is lost and the next call starts a fresh one]")
@@ -272,6 +280,9 @@ class _Interpreter:
         self._pump_scope = trio.CancelScope()
         self._killing = False
         self._killed = trio.Event()
+        # Called (with whether the code ran without error) by the task that reads the
+        # sentinel of the request in flight, once; it must not raise.
+        self.on_sentinel = None
 
     @classmethod
     async def start(cls, session, argv: list[str], idle_sink) -> _Interpreter:
@@ -391,6 +402,9 @@ class _Interpreter:
             self.sentinel = sentinel
             self._sink = self._idle_sink
             self._wake.set()
+            answered, self.on_sentinel = self.on_sentinel, None
+            if answered is not None:
+                answered(sentinel.ok)
             data = b""
 
     async def _watch_exit(self) -> None:
@@ -419,6 +433,20 @@ class _Interpreter:
                 self._pump_scope.cancel()
             finally:
                 self._killed.set()
+
+
+def _result(out: HeadTail, late_dropped: int, fresh: bool, started: float, status: str,
+            state_lost: bool, notice: str) -> ReplExecResult:
+    output, truncated = _render(out, notice)
+    return ReplExecResult(
+        status=status,
+        output=output,
+        output_bytes=out.total + late_dropped,
+        truncated=truncated or late_dropped > 0,
+        fresh=fresh,
+        state_lost=state_lost,
+        duration_s=round(time.monotonic() - started, 6),
+    )
 
 
 def _render(out: HeadTail, notice: str) -> tuple[str, bool]:

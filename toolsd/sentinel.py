@@ -34,6 +34,11 @@ class Sentinel:
     seq: int
     status: dict
 
+    @property
+    def ok(self) -> bool:
+        """The code ran to its end without an error."""
+        return self.status.get("status") == "ok"
+
 
 def format_sentinel(uuid: str, seq: int, status: str) -> bytes:
     """The exact bytes a driver writes after request `seq` (used by tests and fakes)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
-from . import methods
+from . import early, methods
 from .fdio import FdReader, write_all
 from .framing import FrameReader, FrameTooLarge, encode_frame
 from .protocol import (
@@ -62,8 +62,14 @@ class Connection:
         self.send_lock = trio.Lock()
         self.in_flight: dict[int, trio.CancelScope] = {}
         self.slots = trio.Semaphore(MAX_IN_FLIGHT)
+        # The rest of an early answer that the socket did not take at once: it goes out
+        # before anything else (see answer_early).
+        self._unsent = b""
 
     async def send(self, reply: Reply) -> None:
+        await self._write(self._encode(reply))
+
+    def _encode(self, reply: Reply) -> bytes:
         try:
             frame = encode_frame(encode_reply(reply), self.max_frame)
         except FrameTooLarge as e:
@@ -74,6 +80,9 @@ class Connection:
             reply = Reply(id=reply.id, error=ErrorBody(INTERNAL, f"the reply could not be "
                                                                  f"encoded: {e}"))
             frame = encode_frame(encode_reply(reply))
+        return frame
+
+    async def _write(self, frame: bytes) -> None:
         # The socket directly (see fdio), and the lock without a yield when nobody holds it:
         # each pass through the scheduler costs more than the rest of a small request.
         if self.send_lock.locked():
@@ -81,6 +90,8 @@ class Connection:
         else:
             self.send_lock.acquire_nowait()
         try:
+            if self._unsent:
+                frame, self._unsent = self._unsent + frame, b""
             await write_all(self.fd, frame)
         except (OSError, trio.ClosedResourceError):
             pass  # the client went away; its requests are being cancelled
@@ -93,53 +104,73 @@ class Connection:
         await self.send(Reply(id=0, error=ErrorBody(code, message)))
 
     async def serve(self) -> None:
-        reader = FrameReader(self.max_frame)
-        socket_reader = FdReader(self.fd)
+        self._frames = FrameReader(self.max_frame)
+        self._socket_reader = FdReader(self.fd)
         async with trio.open_nursery() as nursery:
-            try:
-                while True:
-                    try:
-                        data = await socket_reader.read(_RECV_SIZE)
-                    except (OSError, trio.ClosedResourceError):
-                        break
-                    if not data:
-                        break
-                    try:
-                        frames = reader.feed(data)
-                    except FrameTooLarge as e:
-                        await self.refuse(FRAME_TOO_LARGE, f"{e}; send smaller frames")
-                        break
-                    for n, body in enumerate(frames):
-                        if n and not n % FRAMES_PER_TURN:
-                            # A client pipelining many cheap requests would otherwise start
-                            # them all before anyone else gets a turn.
-                            await trio.lowlevel.checkpoint()
-                        try:
-                            request = request_decoder.decode(body)
-                        except (msgspec.DecodeError, msgspec.ValidationError,
-                                RecursionError, ValueError) as e:
-                            # RecursionError: a tiny frame of 1,000 nested arrays.
-                            await self.refuse(
-                                BAD_FRAME,
-                                f"a frame must be a msgpack map with an integer id, a string "
-                                f"method and a params map ({e})",
-                            )
-                            return
-                        if not self.slots.value:
-                            # Answered here, in order: a client that does not read them
-                            # stops our reading when its socket fills.
-                            await self.send(self.refuse_busy(request))
-                            continue
-                        self.slots.acquire_nowait()
-                        # Registered now, not when the task starts: a `cancel` right behind
-                        # it in the same read must find it.
-                        scope = None
-                        if request.method != "cancel" and request.id not in self.in_flight:
-                            scope = self.in_flight[request.id] = trio.CancelScope()
-                        nursery.start_soon(self.handle, request, scope)
-            finally:
-                # The peer is gone (or broke the framing): its requests die with it.
-                nursery.cancel_scope.cancel()
+            self._nursery = nursery
+            await self._read_requests()
+
+    async def _read_requests(self) -> None:
+        """Read frames and start their requests until the peer goes (or breaks the framing);
+        then its requests die with it.
+
+        A read that brings a single request, the usual case of a client waiting for each
+        answer, runs it in this very task after starting another task to go on reading: the
+        request starts at once instead of a pass of the scheduler later, and reading resumes
+        as soon as the request waits."""
+        handed_over = False
+        try:
+            while True:
+                try:
+                    data = await self._socket_reader.read(_RECV_SIZE)
+                except (OSError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                try:
+                    frames = self._frames.feed(data)
+                except FrameTooLarge as e:
+                    await self.refuse(FRAME_TOO_LARGE, f"{e}; send smaller frames")
+                    return
+                for n, body in enumerate(frames):
+                    if n and not n % FRAMES_PER_TURN:
+                        # A client pipelining many cheap requests would otherwise start
+                        # them all before anyone else gets a turn.
+                        await trio.lowlevel.checkpoint()
+                    request = await self._decode(body)
+                    if request is None:
+                        return
+                    if not self.slots.value:
+                        # Answered here, in order: a client that does not read them
+                        # stops our reading when its socket fills.
+                        await self.send(self.refuse_busy(request))
+                        continue
+                    self.slots.acquire_nowait()
+                    # Registered now, not when the task starts: a `cancel` right behind
+                    # it in the same read must find it.
+                    scope = None
+                    if request.method != "cancel" and request.id not in self.in_flight:
+                        scope = self.in_flight[request.id] = trio.CancelScope()
+                    if len(frames) == 1:
+                        self._nursery.start_soon(self._read_requests)
+                        handed_over = True
+                        await self.handle(request, scope)
+                        return
+                    self._nursery.start_soon(self.handle, request, scope)
+        finally:
+            if not handed_over:
+                self._nursery.cancel_scope.cancel()
+
+    async def _decode(self, body: bytes) -> Request | None:
+        """The request in a frame; None (and the connection refused) if it is not one."""
+        try:
+            return request_decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
+                ValueError) as e:
+            # RecursionError: a tiny frame of 1,000 nested arrays.
+            await self.refuse(BAD_FRAME, f"a frame must be a msgpack map with an integer id, "
+                                         f"a string method and a params map ({e})")
+            return None
 
     def refuse_busy(self, request: Request) -> Reply:
         if request.method == "cancel":
@@ -150,14 +181,36 @@ class Connection:
                       f"another connection")
 
     async def handle(self, request: Request, scope: trio.CancelScope | None) -> None:
+        answer = early.EarlyAnswer(self, request.id)
+        token = early.serving(answer)
         try:
             if request.method == "cancel":
                 reply = self.cancel(request)
             else:
                 reply = await self.run(request, scope)
-            await self.send(reply)
+            if not answer.sent:
+                await self.send(reply)
+            elif self._unsent:
+                await self._write(b"")
         finally:
+            early.done(token)
             self.slots.release()
+
+    def answer_early(self, request_id: int, result: object) -> bool:
+        """Send a result from whichever task found it, if that takes no waiting: nobody else
+        is writing and the request is still wanted. Part of it may be left for the
+        request's own task to finish (`_unsent`). A `cancel` after it finds nothing."""
+        scope = self.in_flight.get(request_id)
+        if self.send_lock.locked() or self._unsent or scope is None or scope.cancel_called:
+            return False
+        try:
+            frame = self._encode(Reply(id=request_id, result=result))
+            written = os.write(self.fd, frame)
+        except OSError:
+            return False  # full, or the client went away: the usual way sees to it
+        del self.in_flight[request_id]
+        self._unsent = frame[written:]
+        return True
 
     async def run(self, request: Request, scope: trio.CancelScope | None) -> Reply:
         if scope is None:
@@ -180,7 +233,8 @@ class Connection:
             return _error(request.id, INTERNAL,
                           f"{request.method} failed inside toolsd; the daemon log has the trace")
         finally:
-            del self.in_flight[request.id]
+            if self.in_flight.get(request.id) is scope:  # not if answered early
+                del self.in_flight[request.id]
         # Only reached when our scope swallowed a cancellation, i.e. a `cancel` request.
         return _error(request.id, CANCELLED, f"request {request.id} was cancelled")
 
