@@ -342,6 +342,27 @@ async def test_a_held_tree_keeps_its_shim_from_other_jobs(launcher):
         await reused.done.wait()
 
 
+async def test_a_held_job_keeps_its_shim_until_let_go(launcher):
+    # shell.run answers first and lets its shim go after (toolsd/answer.py).
+    job, read_fd = await spawn_piped(launcher, ["true"], held=True, want_pid=False)
+    os.close(read_fd)
+    await job.done.wait()
+    shim_pid = job.shim_pid
+    for _ in range(6):
+        other, other_fd = await spawn_piped(launcher, ["true"])
+        os.close(other_fd)
+        assert other.shim_pid != shim_pid
+        await other.done.wait()
+    job.let_go()
+    job.let_go()  # a second time changes nothing
+    reused = await run_until_shim_reused(launcher, shim_pid)
+    if reused is None:
+        await wait_exited(shim_pid)
+    else:
+        os.kill(reused.pid, signal.SIGKILL)
+        await reused.done.wait()
+
+
 async def test_quick_commands_get_their_host_pid_too(launcher):
     # The shim keeps the exited command unreaped until the host has read its pid.
     for _ in range(20):

@@ -32,6 +32,20 @@ def test_bash_syntax_runs_in_bash(client, session):
     assert r["output"] == "0\n1\n2\nbash\n"
 
 
+def test_commands_one_after_another_reuse_the_shims(daemon, client, session):
+    # Each shell.run's shim is let go once the answer is out (toolsd/answer.py); one never
+    # let go would stay, and every command after would need a new one.
+    for _ in range(15):
+        assert client.shell_run(session, "true")["exit_code"] == 0
+    procs = psutil.Process(daemon.proc.pid).children(recursive=True)
+    # The launcher and its shims (forks of it) run `python -I -S ... launcher.py`.
+    is_ours = {p.pid: p.cmdline()[1:3] == ["-I", "-S"] for p in procs}
+    launchers = [p for p in procs if is_ours[p.pid] and not is_ours.get(p.ppid())]
+    assert len(launchers) == 1
+    # The reader, its standby, and one that a release raced: never one per command.
+    assert len(launchers[0].children()) <= 4
+
+
 def test_killed_by_signal_is_reported(client, session):
     r = client.shell_run(session, "kill -KILL $$")
     assert r["exit_code"] is None

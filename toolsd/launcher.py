@@ -39,6 +39,8 @@ LAUNCHER_PY = os.path.join(os.path.dirname(os.path.abspath(driver.__file__)), "l
 MAX_MSG = 1 << 18  # more than any datagram the default socket buffers let through
 MAX_FDS = 4
 ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+# Messages read in a row without waiting before the reader lets other tasks run.
+RECV_STREAK = 16
 # How long aclose lets the launcher end its own tree (it does so on EOF, and reaps what it
 # kills, so nothing is left as a zombie) before killing everything from the host.
 CLEAN_EXIT_S = 2.0
@@ -101,7 +103,7 @@ class Job:
     has reaped every process of the tree and left, or the launcher died. `wait()` tells the
     two apart by raising LauncherDied."""
 
-    def __init__(self, job: int, argv: list[str], want_pid: bool = True):
+    def __init__(self, job: int, argv: list[str], want_pid: bool = True, held: bool = False):
         self.job = job
         self.want_pid = want_pid
         self.argv = argv
@@ -121,7 +123,8 @@ class Job:
         # Our end of the shim's hold pipe (see driver/launcher.py): while it is open the shim
         # takes no other job, so everything below it is this job's tree.
         self._hold_fd = -1
-        self._holds = 0  # holding_tree() blocks in use
+        self._holds = int(held)  # holding_tree() blocks in use, and the caller's hold
+        self._held = held
 
     async def wait(self) -> tuple[int | None, int | None]:
         """(exit_code, signal) once the command has exited; LauncherDied if it never will be
@@ -156,6 +159,13 @@ class Job:
         except psutil.Error:
             pass
         return None
+
+    def let_go(self) -> None:
+        """End the hold that a `held` spawn gave its caller; idempotent."""
+        if self._held:
+            self._held = False
+            self._holds -= 1
+            self._maybe_release()
 
     def _maybe_release(self) -> None:
         """Let the shim take another job, once this one is done and nobody holds its tree."""
@@ -251,6 +261,7 @@ class Launcher:
         self._numbers = itertools.count(1)
         self._pongs: dict[int, trio.Event] = {}
         self._send_lock = trio.Lock()
+        self._streak = 0  # messages read in a row without waiting (see _recv)
         self._spawn_lock = trio.Lock()
         self._scope = trio.CancelScope()
         self._tasks_done = trio.Event()
@@ -300,6 +311,8 @@ class Launcher:
         self = cls(trio.socket.from_stdlib_socket(ours),
                    trio.socket.from_stdlib_socket(spawn_ours), proc, errfile,
                    os.pidfd_open(proc.pid), launcher_py)
+        # The same sockets, now non-blocking, for calls made directly (see _recv and _send).
+        self._raw, self._spawn_raw = ours, spawn_ours
         try:
             with trio.fail_after(READY_TIMEOUT_S):
                 await self._receive_ready()
@@ -346,8 +359,21 @@ class Launcher:
     # ------------------------------------------------------------ channel
 
     async def _recv(self) -> tuple[dict | None, list[int]]:
-        data, anc, flags, _ = await self._sock.recvmsg(MAX_MSG, ANC_SIZE,
-                                                       socket.MSG_CMSG_CLOEXEC)
+        # The socket directly, waiting only when nothing is there: trio's recvmsg passes
+        # through the scheduler on every call (see fdio), and every spawn waits for two
+        # messages. Messages that keep coming without a wait get a yield now and then.
+        while True:
+            try:
+                data, anc, flags, _ = self._raw.recvmsg(MAX_MSG, ANC_SIZE,
+                                                        socket.MSG_CMSG_CLOEXEC)
+                break
+            except BlockingIOError:
+                self._streak = 0
+                await trio.lowlevel.wait_readable(self._raw)
+        self._streak += 1
+        if self._streak > RECV_STREAK:
+            self._streak = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()  # the fds received stay ours
         fds: list[int] = []
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -371,17 +397,29 @@ class Launcher:
         # imports); JSON back from it, since what leaves a sandbox is not to be trusted.
         data = marshal.dumps(msg)
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        sock, lock = (self._spawn_sock, self._spawn_lock) if spawn else (self._sock,
-                                                                          self._send_lock)
-        async with lock:
-            try:
-                await sock.sendmsg([data], anc)
-            except OSError as e:
-                if e.errno == errno.EMSGSIZE:
-                    raise LauncherError(f"the command and its environment are too large to "
-                                        f"send ({len(data)} bytes); shorten them") from None
-                self._mark_dead(f"the sandbox launcher's channel failed: {e}")
-                raise LauncherDied(self._death) from None
+        sock, lock = (self._spawn_raw, self._spawn_lock) if spawn else (self._raw,
+                                                                         self._send_lock)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        # Straight to the socket, as in _recv; the lock without a yield when it is free.
+        if lock.locked():
+            await lock.acquire()
+        else:
+            lock.acquire_nowait()
+        try:
+            while True:
+                try:
+                    sock.sendmsg([data], anc)
+                    break
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(sock)
+        except (OSError, trio.ClosedResourceError) as e:
+            if getattr(e, "errno", None) == errno.EMSGSIZE:
+                raise LauncherError(f"the command and its environment are too large to "
+                                    f"send ({len(data)} bytes); shorten them") from None
+            self._mark_dead(f"the sandbox launcher's channel failed: {e}")
+            raise LauncherDied(self._death) from None
+        finally:
+            lock.release()
 
     async def _run(self) -> None:
         try:
@@ -409,7 +447,7 @@ class Launcher:
         while True:
             try:
                 msg, fds = await self._recv()
-            except OSError as e:
+            except (OSError, trio.ClosedResourceError) as e:
                 self._mark_dead(f"the sandbox launcher's channel failed: {e}")
                 return
             if msg is None:
@@ -526,16 +564,19 @@ class Launcher:
     async def spawn(self, argv: list[str], *, cwd: str, env: dict[str, str],
                     stdin: int, stdout: int, stderr: int,
                     rlimits: dict[str, tuple[int, int]] | None = None,
-                    extra_fds: Sequence[int] = (), want_pid: bool = True) -> Job:
+                    extra_fds: Sequence[int] = (), want_pid: bool = True,
+                    held: bool = False) -> Job:
         """Start `argv` in the sandbox, in its own session, with stdin/stdout/stderr and then
         extra_fds as its fds 0, 1, 2, 3, ...; `argv[0]` is looked up on env's PATH. Returns
         once the command runs. LauncherError says why it could not start. With
         `want_pid=False` job.pid stays -1 (the command and its tree are still reached through
-        the shim), which spares the shim a wakeup on the spawn's path."""
+        the shim), which spares the shim a wakeup on the spawn's path. With `held=True` the
+        shim stays this job's until `job.let_go()`, even once the job is done: a caller can
+        answer first, and wake the shim for its next job after."""
         if not argv:
             raise LauncherError("empty command: give at least the program to run")
         self._check_alive()
-        job = Job(next(self._numbers), [str(a) for a in argv], want_pid)
+        job = Job(next(self._numbers), [str(a) for a in argv], want_pid, held)
         self._jobs[job.job] = job
         msg = {"op": "spawn", "job": job.job, "argv": job.argv, "cwd": cwd, "env": dict(env),
                "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()},
@@ -559,9 +600,12 @@ class Launcher:
             # left to stop it, so it is killed as soon as it does (see _dispatch); if it has
             # started already, now.
             job._abandoned = True
+            job.let_go()
             if job._answered.is_set() and job._error is None and self._tasks is not None:
                 self._tasks.start_soon(self._end_abandoned, job)
             raise
+        if job._error is not None or (job.shim_pid == -1 and not self.alive):
+            job.let_go()  # nobody gets the job to let it go later
         if job._error is not None:
             raise (LauncherLimit if job._error_limit else LauncherError)(job._error)
         if job.shim_pid == -1 and not self.alive:

@@ -38,7 +38,7 @@ import uuid as uuidlib
 import msgspec
 import trio
 
-from . import early
+from . import answer as answers
 from .output import HeadTail, Ring
 from .protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
 from .sentinel import Sentinel, SentinelScanner
@@ -166,7 +166,7 @@ class Repl:
             out = HeadTail(p.max_output_chars)
             late_dropped = self._take_late(out)
             result = functools.partial(_result, out, late_dropped, fresh, started)
-            answer = early.current()
+            answer = answers.current()
             sent = None
             on_sentinel = None
             if answer is not None:

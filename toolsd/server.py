@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
-from . import early, methods
+from . import answer as answers, methods
 from .fdio import FdReader, write_all
 from .framing import FrameReader, FrameTooLarge, encode_frame
 from .protocol import (
@@ -181,8 +181,8 @@ class Connection:
                       f"another connection")
 
     async def handle(self, request: Request, scope: trio.CancelScope | None) -> None:
-        answer = early.EarlyAnswer(self, request.id)
-        token = early.serving(answer)
+        answer = answers.Answer(self, request.id)
+        token = answers.serving(answer)
         try:
             if request.method == "cancel":
                 reply = self.cancel(request)
@@ -193,7 +193,8 @@ class Connection:
             elif self._unsent:
                 await self._write(b"")
         finally:
-            early.done(token)
+            answers.done(token)
+            answer.run_after()
             self.slots.release()
 
     def answer_early(self, request_id: int, result: object) -> bool:

@@ -13,7 +13,7 @@ import time
 
 import trio
 
-from . import proctree, threads
+from . import answer as answers, proctree, threads
 from .fdio import FdReader
 from .launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
 from .output import HeadTail
@@ -75,7 +75,7 @@ def open_devnull() -> int:
 
 
 async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, str],
-                          extra_fds=(), want_pid: bool = True):
+                          extra_fds=(), want_pid: bool = True, held: bool = False):
     """Spawn `argv` in the session with stdin /dev/null and stdout+stderr one pipe.
     Returns (job, read_fd); the caller owns read_fd."""
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
@@ -84,7 +84,7 @@ async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, 
         with trio.move_on_after(SPAWN_TIMEOUT_S) as waited:
             job = await session.launcher.spawn(
                 argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd, stderr=write_fd,
-                rlimits=session.rlimits, extra_fds=extra_fds, want_pid=want_pid)
+                rlimits=session.rlimits, extra_fds=extra_fds, want_pid=want_pid, held=held)
         if waited.cancelled_caught:
             # The launcher answers in milliseconds; one that does not was stopped or
             # killed by a command of the session (it is in the session's pid namespace).
@@ -121,7 +121,22 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
     shell_name, shell_path = session.shell
     started = time.monotonic()
     job, read_fd = await spawn_with_pipe(session, [shell_path, "-c", p.command], cwd=cwd, env=env,
-                                         want_pid=False)
+                                         want_pid=False, held=True)
+    # The shim goes back to the launcher's standbys once the answer is out: letting it go
+    # wakes it, and that is no reason to answer later.
+    answer = answers.current()
+    try:
+        return await _finish(session, job, read_fd, p, shell_name, started)
+    finally:
+        if answer is None:
+            job.let_go()
+        else:
+            answer.after(job.let_go)
+
+
+async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str,
+                  started: float) -> ShellRunResult:
+    """Collect the output and the end of a shell.run's command, ending what it leaves."""
     out = HeadTail(p.max_output_chars)
     timed_out = False
     orphans = 0
@@ -143,13 +158,16 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
                 orphans = max(0, (await end_tree(job, KILL_GRACE_S))[0] - 1)
             else:
                 # The shim reports `done` as soon as nothing of the tree is left: the usual
-                # case, and then there is nothing to look for.
-                with trio.move_on_after(LEFTOVER_CHECK_S):
-                    await job.done.wait()
+                # case, and then there is nothing to look for. (Set events are not waited
+                # for: a wait is a pass through the scheduler even then.)
+                if not job.done.is_set():
+                    with trio.move_on_after(LEFTOVER_CHECK_S):
+                        await job.done.wait()
                 if not job.done.is_set():
                     orphans = (await end_tree(job, 0))[0]
-            with trio.move_on_after(DRAIN_S):
-                await reader_done.wait()
+            if not reader_done.is_set():
+                with trio.move_on_after(DRAIN_S):
+                    await reader_done.wait()
             nursery.cancel_scope.cancel()
     finally:
         if not job.exited.is_set():
