@@ -328,12 +328,21 @@ async def test_a_held_tree_keeps_its_shim_from_other_jobs(launcher):
         os.kill(job.pid, signal.SIGKILL)
         await job.done.wait()
         # Done, but held (as while a stop lists and kills the tree): the shim waits.
-        for _ in range(6):
-            other, other_fd = await spawn_piped(launcher, ["true"])
-            os.close(other_fd)
-            assert other.shim_pid != shim_pid
-            await other.done.wait()
-    # Released: reused, or retired if enough other shims were idle.
+        await six_jobs_elsewhere(launcher, shim_pid)
+    await shim_comes_back(launcher, shim_pid)
+
+
+async def six_jobs_elsewhere(launcher, shim_pid):
+    """Six jobs one after the other, none of them on `shim_pid`."""
+    for _ in range(6):
+        other, other_fd = await spawn_piped(launcher, ["true"])
+        os.close(other_fd)
+        assert other.shim_pid != shim_pid
+        await other.done.wait()
+
+
+async def shim_comes_back(launcher, shim_pid):
+    """Released, a shim is reused, or retires if enough other shims were idle."""
     reused = await run_until_shim_reused(launcher, shim_pid)
     if reused is None:
         await wait_exited(shim_pid)
@@ -347,20 +356,10 @@ async def test_a_held_job_keeps_its_shim_until_let_go(launcher):
     job, read_fd = await spawn_piped(launcher, ["true"], held=True, want_pid=False)
     os.close(read_fd)
     await job.done.wait()
-    shim_pid = job.shim_pid
-    for _ in range(6):
-        other, other_fd = await spawn_piped(launcher, ["true"])
-        os.close(other_fd)
-        assert other.shim_pid != shim_pid
-        await other.done.wait()
+    await six_jobs_elsewhere(launcher, job.shim_pid)
     job.let_go()
     job.let_go()  # a second time changes nothing
-    reused = await run_until_shim_reused(launcher, shim_pid)
-    if reused is None:
-        await wait_exited(shim_pid)
-    else:
-        os.kill(reused.pid, signal.SIGKILL)
-        await reused.done.wait()
+    await shim_comes_back(launcher, job.shim_pid)
 
 
 async def test_quick_commands_get_their_host_pid_too(launcher):
