@@ -206,9 +206,8 @@ def _pidfds_between(top: int, bottom: int) -> list[int]:
     chain = []
     pid = bottom
     while True:
-        try:
-            pid = psutil.Process(pid).ppid()
-        except psutil.Error:
+        pid = _ppid(pid)
+        if pid is None:
             return []
         if pid == top:
             break
@@ -222,6 +221,17 @@ def _pidfds_between(top: int, bottom: int) -> list[int]:
         except ProcessLookupError:
             pass
     return fds
+
+
+def _ppid(pid: int) -> int | None:
+    # /proc directly: psutil reads the same file twice (once for the process's identity),
+    # and session.open walks two or three of these.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _close_all(fds) -> None:

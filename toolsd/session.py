@@ -109,7 +109,10 @@ class Session:
                 raise ToolsdError(BAD_PARAMS, f"workspace {self.workspace} is inside toolsd's "
                                   f"own folder {own}, which sessions must never see")
         try:
-            self.policy()  # a policy the sandbox cannot mount is refused here, not later
+            # A policy the sandbox cannot mount is refused here, not later. Kept for the
+            # start, a millisecond away: made again, it cost as much as the rest of the
+            # daemon's part of session.open.
+            self._policy = self.policy()
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
 
@@ -143,7 +146,7 @@ class Session:
         prefix = self.cgroup.join_argv() if self.cgroup else []
         if self.supervisor.bwrap is None:
             return prefix
-        return prefix + sandbox.bwrap_argv(self.policy(), bwrap=self.supervisor.bwrap)
+        return prefix + sandbox.bwrap_argv(self._policy, bwrap=self.supervisor.bwrap)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The session's task. Reports a start failure through `task_status.started(error)`
