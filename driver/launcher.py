@@ -61,10 +61,20 @@ import resource
 import select
 import sys
 
-try:
-    from _json import encode_basestring_ascii as json_string
-except ImportError:  # an interpreter built without the accelerator
-    from json.encoder import encode_basestring_ascii as json_string
+# JSON string escapes: control characters, the quote and the backslash. (Not _json's encoder:
+# loading an extension module costs the launcher's start ~0.6 ms, and our strings are short.)
+_JSON_ESCAPES = {i: "\\u%04x" % i for i in range(0x20)}
+_JSON_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
+
+
+def json_string(text):
+    """`text` as a JSON string. Lone surrogates (bytes a file name decoded with
+    surrogateescape) are escaped too: they could not be encoded as UTF-8 otherwise."""
+    text = text.translate(_JSON_ESCAPES)
+    if not text.isascii():
+        text = "".join("\\u%04x" % ord(c) if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return '"%s"' % text
+
 
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
