@@ -7,6 +7,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 import msgspec
 import psutil
@@ -15,6 +16,7 @@ import trio
 
 from conftest import has_ended, needs_bwrap, wait_gone
 from toolsd.client import ToolsdError
+from toolsd.framing import FrameReader
 
 
 def test_output_and_exit_code(client, session):
@@ -44,6 +46,40 @@ def test_commands_one_after_another_reuse_the_shims(daemon, client, session):
     assert len(launchers) == 1
     # The reader, its standby, and one that a release raced: never one per command.
     assert len(launchers[0].children()) <= 4
+
+
+def test_a_client_that_does_not_read_its_answers_holds_no_shims(daemon, session):
+    # Shims are let go after the answer's first write, not its last: answers that wait for
+    # a client that does not read must not keep a shim (a process of the session) each.
+    n, size = 30, 100_000
+    procs = lambda: psutil.Process(daemon.proc.pid).children(recursive=True)  # noqa: E731
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(daemon.socket)
+        for i in range(1, n + 1):
+            command = f"head -c {size} /dev/zero | tr '\\0' x; touch done-{i}"
+            body = msgspec.msgpack.encode({"id": i, "method": "shell.run", "params": {
+                "session": session, "command": command, "max_output_chars": size}})
+            s.sendall(struct.pack(">I", len(body)) + body)
+        # Every command has run; their answers, 3 MB, mostly wait for us to read.
+        wait_for(lambda: all(os.path.exists(os.path.join(daemon.workspace, f"done-{i}"))
+                             for i in range(1, n + 1)))
+        wait_for(lambda: len([p for p in procs() if p.cmdline()[1:3] == ["-I", "-S"]]) <= 5)
+        s.settimeout(30)
+        reader, answers = FrameReader(1 << 24), []
+        while len(answers) < n:
+            data = s.recv(1 << 16)
+            assert data
+            answers += [msgspec.msgpack.decode(body) for body in reader.feed(data)]
+    assert sorted(a["id"] for a in answers) == list(range(1, n + 1))
+    assert all(a["result"]["output"] == "x" * size for a in answers)
+
+
+def wait_for(condition, timeout: float = 30) -> None:
+    """Until `condition()` holds; a safety net against a hang, not a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "still not so after 30 s"
+        time.sleep(0.05)
 
 
 def test_killed_by_signal_is_reported(client, session):

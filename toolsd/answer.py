@@ -8,7 +8,8 @@ and work to do once it has gone out.
   at once when it can. The handler still returns its result as usual; the connection does
   not send it twice.
 - `after`: work that must not delay the answer (shell.run lets its shim go: closing the hold
-  pipe wakes the shim, a tenth of a millisecond here) runs right after it is written.
+  pipe wakes the shim, a tenth of a millisecond here) runs right after the answer's first
+  write, or at once when the answer must wait behind others for a slow reader.
 
 No I/O here: the connection does the writing.
 """
@@ -46,7 +47,7 @@ class Answer:
         return self.sent
 
     def after(self, fn: Callable[[], None]) -> None:
-        """Call `fn()` once the answer has been written (or could not be)."""
+        """Call `fn()` once the answer has started out (or cannot soon, or could not be)."""
         self._after.append(fn)
 
     def run_after(self) -> None:

@@ -82,17 +82,31 @@ class Connection:
             frame = encode_frame(encode_reply(reply))
         return frame
 
-    async def _write(self, frame: bytes) -> None:
+    async def _write(self, frame: bytes, then=None) -> None:
+        """Write `frame` whole. `then()` runs as soon as the frame has started out (its first
+        write), or at once if it must wait behind another frame: work that should not delay
+        the answer, nor wait on a client that reads slowly or not at all."""
         # The socket directly (see fdio), and the lock without a yield when nobody holds it:
         # each pass through the scheduler costs more than the rest of a small request.
         if self.send_lock.locked():
+            if then is not None:
+                then()
+                then = None
             await self.send_lock.acquire()
         else:
             self.send_lock.acquire_nowait()
         try:
             if self._unsent:
                 frame, self._unsent = self._unsent + frame, b""
-            await write_all(self.fd, frame)
+            view = memoryview(frame)
+            try:
+                view = view[os.write(self.fd, view):]
+            except BlockingIOError:
+                pass
+            finally:
+                if then is not None:
+                    then()
+            await write_all(self.fd, view)
         except (OSError, trio.ClosedResourceError):
             pass  # the client went away; its requests are being cancelled
         finally:
@@ -189,7 +203,7 @@ class Connection:
             else:
                 reply = await self.run(request, scope)
             if not answer.sent:
-                await self.send(reply)
+                await self._write(self._encode(reply), then=answer.run_after)
             elif self._unsent:
                 await self._write(b"")
         finally:
