@@ -20,6 +20,8 @@ import contextvars
 import logging
 from typing import Callable, Protocol
 
+import trio
+
 __all__ = ["Answer", "current"]
 
 log = logging.getLogger("toolsd.answer")
@@ -30,13 +32,14 @@ class _Sender(Protocol):
 
 
 class Answer:
-    __slots__ = ("_sender", "request_id", "sent", "_after")
+    __slots__ = ("_sender", "request_id", "sent", "_after", "_task")
 
     def __init__(self, sender: _Sender, request_id: int):
         self._sender = sender
         self.request_id = request_id
         self.sent = False
         self._after: list[Callable[[], None]] = []
+        self._task = None  # the task running the request (see serving)
 
     def send(self, result: object) -> bool:
         """Send `result` now if the connection can take it without waiting; False if not (the
@@ -64,11 +67,17 @@ _CURRENT: contextvars.ContextVar[Answer | None] = contextvars.ContextVar(
 
 
 def current() -> Answer | None:
-    """The answer of the request this task runs (None outside a request)."""
-    return _CURRENT.get()
+    """The answer of the request this task runs (None outside a request). Tasks started
+    while a request ran (a REPL's reader, a session's task) inherit its context, not its
+    answer."""
+    answer = _CURRENT.get()
+    if answer is None or answer._task is not trio.lowlevel.current_task():
+        return None
+    return answer
 
 
 def serving(answer: Answer) -> contextvars.Token:
+    answer._task = trio.lowlevel.current_task()
     return _CURRENT.set(answer)
 
 

@@ -7,7 +7,9 @@ to the sentinel of that request (toolsd/sentinel.py), so printed text can never 
 answers of later calls.
 
 Behaviour a caller sees:
-- Requests on one REPL run one after the other, in the order they reached the daemon.
+- Requests on one REPL run one after the other. Requests sent together, without waiting for
+  an answer, may run in either order (each request has its own task, and trio runs a batch
+  of ready tasks in either order): wait for the answer before sending code that needs it.
 - Timeout: SIGINT to the interpreter; if its sentinel comes within GRACE_S, status "timeout"
   and the state stays; if not, its whole tree is killed, status "timeout", `state_lost: true`,
   and the next call starts a fresh interpreter (`fresh: true`).

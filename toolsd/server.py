@@ -216,7 +216,8 @@ class Connection:
         is writing and the request is still wanted. Part of it may be left for the
         request's own task to finish (`_unsent`). A `cancel` after it finds nothing."""
         scope = self.in_flight.get(request_id)
-        if self.send_lock.locked() or self._unsent or scope is None or scope.cancel_called:
+        if (self.send_lock.locked() or self._unsent or scope is None or scope.cancel_called
+                or self._nursery.cancel_scope.cancel_called):  # the connection is closing
             return False
         try:
             frame = self._encode(Reply(id=request_id, result=result))
