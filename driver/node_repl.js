@@ -14,7 +14,8 @@
 //   supported (vm.Script has no module-level await; wrap the code in an async function).
 // - An exception: status "error", its stack (driver frames removed) ends the output.
 // - SIGINT (the host's timeout) breaks a running script (breakOnSigint) or abandons an awaited
-//   promise: status "interrupted", context kept. SIGINT while idle is ignored.
+//   promise: status "interrupted", context kept. SIGINT while idle is ignored, except that
+//   one arriving just after a script ended may be kept by node and break the next script.
 // - process.exit() from user code ends the driver (the host reports "crashed").
 // - Errors thrown later by timers or unhandled rejections are printed, not fatal.
 // - `let`/`const` at top level live in the context's script scope: declaring the same name
@@ -24,7 +25,7 @@ const fs = require('fs');
 const path = require('path');
 const readline = require('readline');
 const net = require('net');
-const stream = require('stream');
+const { EventEmitter } = require('events');
 const util = require('util');
 const vm = require('vm');
 const Module = require('module');
@@ -58,21 +59,41 @@ function writeAllSync(fd, data) {
 }
 
 function makeOutput(fd) {
-  const out = new stream.Writable({
-    decodeStrings: false,
-    write(chunk, encoding, callback) {
-      try {
-        writeAllSync(fd, typeof chunk === 'string' ? Buffer.from(chunk, encoding) : chunk);
-        callback();
-      } catch (err) {
-        callback(err);
-      }
-    },
-  });
+  // Not a stream.Writable: an interrupt (breakOnSigint) that lands inside a Writable's own
+  // code leaves its state half-set, and every later write waits in its buffer for ever (seen:
+  // no console output at all after one timeout). Here a write is one synchronous call that
+  // keeps no state, and the rest of a writable stream's face is enough for console, pipe()
+  // and code that checks for it.
+  const out = new EventEmitter();
   out.fd = fd;
   out.isTTY = false;
-  // Output errors (the host went away) must not become uncaught exceptions here.
-  out.on('error', () => {});
+  out.writable = true;
+  out.write = (chunk, encoding, callback) => {
+    if (typeof encoding === 'function') {
+      callback = encoding;
+      encoding = undefined;
+    }
+    let error = null;
+    try {
+      writeAllSync(fd, typeof chunk === 'string' ? Buffer.from(chunk, encoding || 'utf8') : chunk);
+    } catch (err) {
+      error = err; // the host went away: nothing to write to, and nothing to throw at the code
+    }
+    if (typeof callback === 'function') process.nextTick(callback, error);
+    return true;
+  };
+  out.end = (chunk, encoding, callback) => {
+    if (typeof chunk === 'function') {
+      callback = chunk;
+      chunk = undefined;
+    }
+    if (chunk !== undefined && chunk !== null) out.write(chunk, encoding);
+    if (typeof callback === 'function') process.nextTick(callback);
+    return out; // the fd stays open: it is the driver's output too
+  };
+  out.cork = () => {};
+  out.uncork = () => {};
+  out.setDefaultEncoding = () => out;
   return out;
 }
 

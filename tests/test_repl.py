@@ -325,6 +325,18 @@ def test_node_keeps_state_reports_errors_and_times_out(client, session, turn):
     assert client.repl_exec(session, turn, "'x' in globals()")["output"] == "False\n"
 
 
+@needs_node
+def test_node_prints_after_being_interrupted_while_printing(client, session, turn):
+    # An interrupt landing inside the output stream's own code must not leave it broken
+    # (with a stream.Writable, every later console.log was queued for ever).
+    for _ in range(3):
+        loop = client.repl_exec(session, turn, "for (;;) console.log('x'.repeat(100))",
+                                language="node", timeout_s=0.5, max_output_chars=100)
+        assert (loop["status"], loop["state_lost"]) == ("timeout", False)
+        after = client.repl_exec(session, turn, "console.log('after'); 7", language="node")
+        assert (after["output"], after["fresh"]) == ("after\n7\n", False)
+
+
 # ------------------------------------------------------------------ bad input
 
 
