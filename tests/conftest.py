@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import psutil
 import pytest
@@ -34,7 +35,12 @@ def no_daemon_outlives_the_tests():
 
 
 class RunningDaemon:
-    def __init__(self, root: str, extra_args: tuple[str, ...] = (), env: dict | None = None):
+    """A daemon on a temporary socket. Without a warm spare unless `warm_spare=True`: the
+    many tests that check that a closed session leaves no process would otherwise find the
+    spare (tests/test_warm_spare.py tests it)."""
+
+    def __init__(self, root: str, extra_args: tuple[str, ...] = (), env: dict | None = None,
+                 warm_spare: bool = False):
         self.root = root
         self.socket = os.path.join(root, "run", "toolsd.sock")
         self.state_dir = os.path.join(root, "state")
@@ -50,7 +56,7 @@ class RunningDaemon:
                     if k not in ("TOOLSD_SOCKET", "XDG_RUNTIME_DIR")}
         self.env["HOME"] = self.home
         self.env.update(env or {})
-        self.extra_args = extra_args
+        self.extra_args = (*extra_args, *(() if warm_spare else ("--no-warm-spare",)))
         self.proc: subprocess.Popen | None = None
         self.log_path = os.path.join(root, "daemon.log")
 
@@ -134,6 +140,14 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proces
         psutil.wait_procs(alive, timeout=0.05)
         alive = [p for p in alive if not has_ended(p)]
     return alive
+
+
+def wait_for(condition, timeout: float = 30) -> None:
+    """Until `condition()` holds; a safety net against a hang, not a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"still not so after {timeout:g} s"
+        time.sleep(0.05)
 
 
 def short_tempdir() -> str:

@@ -7,14 +7,13 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 
 import msgspec
 import psutil
 import pytest
 import trio
 
-from conftest import has_ended, needs_bwrap, wait_gone
+from conftest import has_ended, needs_bwrap, wait_for, wait_gone
 from toolsd.client import ToolsdError
 from toolsd.framing import FrameReader
 
@@ -72,14 +71,6 @@ def test_a_client_that_does_not_read_its_answers_holds_no_shims(daemon, session)
             answers += [msgspec.msgpack.decode(body) for body in reader.feed(data)]
     assert sorted(a["id"] for a in answers) == list(range(1, n + 1))
     assert all(a["result"]["output"] == "x" * size for a in answers)
-
-
-def wait_for(condition, timeout: float = 30) -> None:
-    """Until `condition()` holds; a safety net against a hang, not a timing assertion."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "still not so after 30 s"
-        time.sleep(0.05)
 
 
 def test_killed_by_signal_is_reported(client, session):

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse to start when bubblewrap cannot sandbox sessions")
     p.add_argument("--hide", action="append", default=[], metavar="PATH",
                    help="another path sessions must not see (repeatable)")
+    p.add_argument("--no-warm-spare", dest="warm_spare", action="store_false",
+                   help="do not keep a sandbox started ahead for the next session.open "
+                        "(it makes session.open some 40 ms quicker, for ~30 MB held)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_serve)
 
@@ -94,6 +97,7 @@ def cmd_serve(args) -> int:
         require_sandbox=args.require_sandbox,
         hidden=tuple(os.path.abspath(h) for h in args.hide),
         limits=Limits(),
+        warm_spare=args.warm_spare,
     )
     try:
         daemon.run(config)

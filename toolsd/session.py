@@ -7,6 +7,7 @@ sandbox (its pid namespace takes anything left), removes the scratch /tmp, and e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -141,6 +142,36 @@ class Session:
             pinned=tuple(p for p in [os.path.join(self.workspace, ".git")] if os.path.isdir(p)),
             proc_read_only=tuple(p for p in sandbox.PROC_READ_ONLY if os.path.exists(p)),
         )
+
+    # ------------------------------------------------------------ warm spares
+
+    def spare_key(self) -> tuple:
+        """What a sandbox made ahead must share with this session to serve it: the same
+        policy (all but its scratch folder, which is the sandbox's own), the same limits."""
+        policy = tuple((f.name, getattr(self._policy, f.name))
+                       for f in dataclasses.fields(self._policy) if f.name != "scratch")
+        return policy, self.limits, tuple(sorted(self.rlimits.items())), self.sandbox_kind
+
+    def fingerprint(self) -> tuple:
+        """The identity of every path the sandbox binds, hides or protects: a folder removed
+        and made again at the same path is another folder, which a sandbox made before does
+        not show (or hide)."""
+        p = self._policy
+        paths = (p.workspace, *p.hidden_dirs, *p.hidden_files, *p.protected, *p.pinned)
+        ids = []
+        for path in paths:
+            try:
+                st = os.stat(path)
+                ids.append((path, st.st_dev, st.st_ino))
+            except OSError:
+                ids.append((path, None, None))
+        return tuple(ids)
+
+    def adopt(self, session_id: str) -> None:
+        """A warm spare becomes session `session_id` (its scratch folder and cgroup keep
+        their names)."""
+        self.id = session_id
+        self.opened_at = time.time()
 
     def wrapper(self) -> list[str]:
         prefix = self.cgroup.join_argv() if self.cgroup else []

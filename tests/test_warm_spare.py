@@ -1,0 +1,123 @@
+"""The warm spare: after a session.open the daemon starts one more sandbox for the same
+parameters, and the next session.open that asks for exactly that sandbox takes it. It must
+be indistinguishable from a sandbox started on demand: never one made for another policy,
+nor for a folder that has since been replaced, nor one that a new credential folder would
+escape; and it ends with the daemon."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import psutil
+import pytest
+
+from conftest import RunningDaemon, needs_bwrap, wait_for, wait_gone
+
+pytestmark = needs_bwrap
+
+
+@pytest.fixture
+def daemon(daemon_root):
+    d = RunningDaemon(daemon_root, warm_spare=True).start()
+    yield d
+    assert d.stop() == 0, d.read_log()
+
+
+def sandboxes(daemon) -> list[psutil.Process]:
+    """The outer bwrap of every sandbox of the daemon (sessions' and the spare's)."""
+    procs = daemon.tree()
+    bwraps = {p.pid for p in procs if p.name() == "bwrap"}
+    return [p for p in procs if p.pid in bwraps and p.ppid() not in bwraps]
+
+
+def sandbox_of(daemon, client, session) -> int:
+    """The pid of the outer bwrap that a session's commands run under."""
+    marker = f"sleep 1000.{time.monotonic_ns()}"  # found on the host by its command line
+    bg = client.process_start(session, marker)["id"]
+    try:
+        wait_for(lambda: daemon.running(marker))
+        (proc,) = [p for p in daemon.running(marker) if p.name() == "sleep"]
+        outer = {p.pid for p in sandboxes(daemon)}
+        for ancestor in proc.parents():
+            if ancestor.pid in outer:
+                return ancestor.pid
+        raise AssertionError("the session's commands run under no sandbox of the daemon")
+    finally:
+        client.process_stop(bg)
+
+
+def spare_ready(daemon, client, session) -> int:
+    """Wait until the spare is up next to `session`; its bwrap's pid."""
+    wait_for(lambda: len(sandboxes(daemon)) == 2)
+    mine = sandbox_of(daemon, client, session)
+    (spare,) = [p.pid for p in sandboxes(daemon) if p.pid != mine]
+    # Ready means its launcher has said so: a spare still starting is not offered.
+    wait_for(lambda: any("launcher.py" in " ".join(c.cmdline())
+                         for c in psutil.Process(spare).children(recursive=True)
+                         if c.name() != "bwrap"))
+    return spare
+
+
+def test_the_next_session_takes_the_spare_and_it_is_a_whole_session(daemon, client):
+    first = client.session_open(daemon.workspace)["session"]
+    spare = spare_ready(daemon, client, first)
+    client.shell_run(first, "echo from-first > /tmp/left-in-first-tmp")
+    assert client.session_close(first)
+    second = client.session_open(daemon.workspace)["session"]
+    assert second != first
+    assert sandbox_of(daemon, client, second) == spare
+    r = client.shell_run(second, "touch made && ls /tmp && ls ~/.ssh; echo $?")
+    assert os.path.exists(os.path.join(daemon.workspace, "made"))
+    assert "left-in-first-tmp" not in r["output"]  # its own scratch /tmp
+    assert "id_rsa" not in r["output"]  # credentials hidden as in any session
+    assert [s["session"] for s in client.call("session.list")["sessions"]] == [second]
+    turn = client.turn_begin(second)["turn"]
+    assert client.repl_exec(second, turn, "6 * 7")["output"] == "42\n"
+
+
+def test_a_spare_made_for_another_policy_is_not_used(daemon, client):
+    first = client.session_open(daemon.workspace)["session"]
+    spare = spare_ready(daemon, client, first)
+    spare_proc = psutil.Process(spare)
+    read_only = client.session_open(daemon.workspace, writable=False)["session"]
+    assert sandbox_of(daemon, client, read_only) != spare
+    r = client.shell_run(read_only, "touch nope")
+    assert r["exit_code"] != 0 and "Read-only" in r["output"]
+    assert wait_gone([spare_proc], timeout=30) == []  # the unused one is closed
+
+
+def test_a_spare_is_not_used_once_its_workspace_was_replaced(daemon, client):
+    first = client.session_open(daemon.workspace)["session"]
+    spare = spare_ready(daemon, client, first)
+    client.session_close(first)
+    shutil.rmtree(daemon.workspace)
+    os.makedirs(daemon.workspace)
+    with open(os.path.join(daemon.workspace, "new-file"), "w") as f:
+        f.write("new\n")
+    # The spare still shows the folder that was removed: it must not serve this session.
+    second = client.session_open(daemon.workspace)["session"]
+    assert sandbox_of(daemon, client, second) != spare
+    assert client.shell_run(second, "cat new-file")["output"] == "new\n"
+
+
+def test_a_credential_folder_made_after_the_spare_is_hidden_all_the_same(daemon, client):
+    first = client.session_open(daemon.workspace)["session"]
+    spare = spare_ready(daemon, client, first)
+    aws = os.path.join(daemon.home, ".aws")
+    os.makedirs(aws)
+    with open(os.path.join(aws, "credentials"), "w") as f:
+        f.write("AWS-SECRET\n")
+    second = client.session_open(daemon.workspace)["session"]
+    assert sandbox_of(daemon, client, second) != spare
+    r = client.shell_run(second, "cat ~/.aws/credentials")
+    assert "AWS-SECRET" not in r["output"]
+
+
+def test_stopping_the_daemon_ends_the_spare_too(daemon, client):
+    first = client.session_open(daemon.workspace)["session"]
+    spare_ready(daemon, client, first)
+    everything = daemon.tree()
+    assert daemon.stop() == 0
+    assert wait_gone(everything, timeout=30) == []
