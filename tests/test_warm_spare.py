@@ -115,6 +115,33 @@ def test_a_credential_folder_made_after_the_spare_is_hidden_all_the_same(daemon,
     assert "AWS-SECRET" not in r["output"]
 
 
+def test_a_credential_folder_replaced_after_the_spare_is_hidden_all_the_same(daemon, client):
+    # Replacing ~/.aws removes the spare's tmpfs over it (the kernel detaches mounts on a
+    # removed path in every namespace), and the new folder may get the old inode number:
+    # what is checked is the spare's own mounts.
+    aws = os.path.join(daemon.home, ".aws")
+    os.makedirs(aws)
+    first = client.session_open(daemon.workspace)["session"]
+    spare = spare_ready(daemon, client, first)
+    shutil.rmtree(aws)
+    os.makedirs(aws)
+    with open(os.path.join(aws, "credentials"), "w") as f:
+        f.write("NEW-AWS-SECRET\n")
+    second = client.session_open(daemon.workspace)["session"]
+    assert sandbox_of(daemon, client, second) != spare
+    assert "NEW-AWS-SECRET" not in client.shell_run(second, "cat ~/.aws/credentials")["output"]
+
+
+def test_a_spare_that_died_is_not_handed_out(daemon, client):
+    first = client.session_open(daemon.workspace)["session"]
+    spare = spare_ready(daemon, client, first)
+    launcher = [p for p in psutil.Process(spare).children(recursive=True)
+                if p.name() != "bwrap"][0]
+    launcher.kill()
+    second = client.session_open(daemon.workspace)["session"]  # at once: nobody noticed yet
+    assert client.shell_run(second, "echo works")["output"] == "works\n"
+
+
 def test_stopping_the_daemon_ends_the_spare_too(daemon, client):
     first = client.session_open(daemon.workspace)["session"]
     spare_ready(daemon, client, first)

@@ -17,6 +17,7 @@ import itertools
 import logging
 import marshal
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -555,6 +556,17 @@ class Launcher:
             job._answered.set()
         for event in self._pongs.values():
             event.set()
+
+    def gone_now(self) -> bool:
+        """Whether the launcher or its wrapper has exited, asked of their pidfds now: `alive`
+        changes only once the reader task has run."""
+        fds = [fd for fd in (self._launcher_fd, self._wrapper_fd) if fd != -1]
+        if not self.alive or not fds:
+            return True
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def death_reason(self) -> str:
         """Why the launcher is gone: the last line it wrote to stderr, if any."""

@@ -23,6 +23,7 @@ No seccomp filter: see DESIGN.md ("One sandbox per session").
 from __future__ import annotations
 
 import os.path
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -193,6 +194,28 @@ def validate_env(env: object) -> dict[str, str]:
                              "can hold; remove it")
         clean[key] = value
     return clean
+
+
+def guarding_mounts(policy: Policy) -> tuple[str, ...]:
+    """The mount points that hide or protect something in this policy's sandbox: the
+    workspace, and every hidden, protected and pinned path. A mount goes away in every mount
+    namespace when the host removes or replaces the path it sits on (the kernel detaches
+    it), so a sandbox that has run for a while may no longer have them all."""
+    plan = _plan(policy)
+    return (*plan.outer_hidden_dirs, plan.workspace, *plan.pinned, *plan.protected,
+            *plan.hidden_dirs, *plan.hidden_files)
+
+
+def mount_points(mountinfo: bytes) -> set[str]:
+    """The mount points listed in a /proc/PID/mountinfo text (the fifth field, with the
+    kernel's octal escapes of space, tab, newline and backslash undone)."""
+    points = set()
+    for line in mountinfo.split(b"\n"):
+        fields = line.split(b" ")
+        if len(fields) > 4:
+            points.add(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]),
+                              fields[4]).decode("utf-8", "surrogateescape"))
+    return points
 
 
 # ---------------------------------------------------------------- the mount plan

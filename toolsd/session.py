@@ -167,6 +167,20 @@ class Session:
                 ids.append((path, None, None))
         return tuple(ids)
 
+    def guards_intact(self) -> bool:
+        """Whether every mount that hides or protects something is still in place in this
+        session's sandbox: the kernel removes a mount from every namespace when the host
+        replaces the path under it (`git config` renames a new .git/config into place), and
+        the inode number of the new file or folder may well be the old one's."""
+        if self.supervisor.bwrap is None:
+            return True
+        try:
+            with open(f"/proc/{self.launcher.host_pid}/mountinfo", "rb") as f:
+                points = sandbox.mount_points(f.read())
+        except (OSError, AttributeError):
+            return False
+        return all(path in points for path in sandbox.guarding_mounts(self._policy))
+
     def adopt(self, session_id: str) -> None:
         """A warm spare becomes session `session_id` (its scratch folder and cgroup keep
         their names)."""

@@ -143,10 +143,11 @@ class Supervisor:
         if spare is None:
             return None
         fits = (not spare.session.closed and spare.session.launcher is not None
-                and spare.session.launcher.alive
+                and not spare.session.launcher.gone_now()
                 and time.monotonic() - spare.made_at < SPARE_MAX_AGE_S
                 and spare.key == session.spare_key()
-                and spare.fingerprint == session.fingerprint())
+                and spare.fingerprint == session.fingerprint()
+                and spare.session.guards_intact())
         if fits:
             return spare.session
         self.nursery.start_soon(spare.session.close)
