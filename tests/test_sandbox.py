@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 
 import pytest
 
-from conftest import HAVE_BWRAP
+from conftest import HAVE_BWRAP, wait_for
+from toolsd.client import ToolsdError
 
 pytestmark = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")
 
@@ -105,6 +107,44 @@ def test_git_hooks_and_config_are_protected(daemon, client):
     assert r["output"].count("rc=1") == 2 and r["output"].endswith("rc=0\n")
     assert not os.path.exists(os.path.join(daemon.workspace, ".git", "hooks", "pre-commit"))
     assert os.path.getsize(os.path.join(daemon.workspace, ".git", "config")) == 0
+
+
+def test_git_config_rewritten_on_the_host_ends_the_session(daemon, client):
+    # `git config` on the host renames a new .git/config into place; the kernel then drops
+    # the sandbox's read-only mount on that path, and .git/config would be writable from
+    # the session (core.fsmonitor: code run by the host's git). The session is ended.
+    os.makedirs(os.path.join(daemon.workspace, ".git", "hooks"))
+    config = os.path.join(daemon.workspace, ".git", "config")
+    open(config, "w").close()
+    s = client.session_open(daemon.workspace)["session"]
+    assert "rc=0" not in client.shell_run(s, "echo x >> .git/config; echo rc=$?")["output"]
+    with open(config + ".lock", "w") as f:
+        f.write("[user]\n\tname = host\n")
+    os.rename(config + ".lock", config)
+
+    def ended() -> bool:
+        try:
+            client.shell_run(s, "true")
+        except ToolsdError as e:
+            assert e.code == "session_closed" and ".git/config" in e.message, e.message
+            return True
+        return False
+
+    wait_for(ended)
+    with open(config) as f:
+        assert f.read() == "[user]\n\tname = host\n"
+
+
+def test_a_credential_folder_replaced_on_the_host_ends_the_session(daemon, client, session):
+    ssh = os.path.join(daemon.home, ".ssh")
+    shutil.rmtree(ssh)
+    os.makedirs(ssh)
+    with open(os.path.join(ssh, "id_rsa"), "w") as f:
+        f.write("NEW-SECRET-KEY\n")
+    with pytest.raises(ToolsdError) as e:
+        wait_for(lambda: "NEW-SECRET-KEY" in client.shell_run(session, "cat ~/.ssh/id_rsa")[
+            "output"])
+    assert e.value.code == "session_closed" and ".ssh" in e.value.message
 
 
 def test_host_processes_are_invisible_and_unsignallable(daemon, client, session):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import select
 import shutil
 import sys
 import time
@@ -46,6 +47,17 @@ def check_workspace(path: str) -> str:
 
 
 RUNTIME_DIRS = ("/run",)
+# How often a session's hiding and protecting mounts are checked while its commands run (see
+# Session._check_guards; every call that starts something checks too).
+GUARD_CHECK_S = 0.5
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def own_files_under_tmp() -> tuple[str, ...]:
@@ -98,6 +110,8 @@ class Session:
         self._stop = trio.Event()
         self._closing = False
         self.close_result = None
+        self.ended_why: str | None = None  # why toolsd ended the session by itself
+        self._mounts_fd = -1  # the sandbox's /proc/PID/mountinfo (see _check_guards)
         self.scratch = os.path.join(supervisor.state.scratch, session_id)
         self.env = sandbox.sandbox_env(
             home=os.path.expanduser("~"),
@@ -172,14 +186,60 @@ class Session:
         session's sandbox: the kernel removes a mount from every namespace when the host
         replaces the path under it (`git config` renames a new .git/config into place), and
         the inode number of the new file or folder may well be the old one's."""
-        if self.supervisor.bwrap is None:
-            return True
+        return self.supervisor.bwrap is None or self.missing_guards() == []
+
+    def missing_guards(self, mountinfo: bytes | None = None) -> list[str] | None:
+        """The hiding and protecting mounts gone from the sandbox (from its mountinfo, read
+        now if not given); None if that cannot be read (the launcher is gone)."""
+        if mountinfo is None:
+            try:
+                with open(f"/proc/{self.launcher.host_pid}/mountinfo", "rb") as f:
+                    mountinfo = f.read()
+            except (OSError, AttributeError):
+                return None
+        points = sandbox.mount_points(mountinfo)
+        return [path for path in sandbox.guarding_mounts(self._policy) if path not in points]
+
+    def _check_guards(self) -> None:
+        """End the session if the host has replaced a path it hides or protects: from then on
+        the sandbox would show the new file (docs/sandbox.md, "Paths replaced on the host"). Cheap when
+        nothing changed: the kernel flags the sandbox's mountinfo as soon as its mount table
+        changes (POLLPRI), and only then is it read again."""
+        fd = self._mounts_fd
+        if fd == -1 or self.ended_why is not None or self.closed:
+            return
+        poller = select.poll()
+        poller.register(fd, select.POLLPRI)
+        if poller.poll(0):
+            self._guards_lost(_read_all(fd))  # reading re-arms the flag
+
+    def _guards_lost(self, mountinfo: bytes) -> None:
+        missing = self.missing_guards(mountinfo)
+        if missing:
+            self.ended_why = (f"{', '.join(missing)} changed on the host while the session "
+                              f"ran, and its sandbox no longer hid or protected it")
+            log.warning("session %s ended: %s", self.id, self.ended_why)
+            self.supervisor.nursery.start_soon(self.close)
+
+    async def _watch_guards_started(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """_check_guards every GUARD_CHECK_S, for commands already running. Started (the
+        mountinfo open and read) before the session is handed out."""
         try:
-            with open(f"/proc/{self.launcher.host_pid}/mountinfo", "rb") as f:
-                points = sandbox.mount_points(f.read())
-        except (OSError, AttributeError):
-            return False
-        return all(path in points for path in sandbox.guarding_mounts(self._policy))
+            self._mounts_fd = os.open(f"/proc/{self.launcher.host_pid}/mountinfo",
+                                      os.O_RDONLY | os.O_CLOEXEC)
+            self._guards_lost(_read_all(self._mounts_fd))  # replaced as the sandbox started
+        except OSError as e:
+            log.warning("session %s: cannot watch its mounts (%s)", self.id, e)
+            task_status.started()
+            return
+        task_status.started()
+        try:
+            while not self.closed and self.ended_why is None:
+                self._check_guards()
+                await trio.sleep(GUARD_CHECK_S)
+        finally:
+            fd, self._mounts_fd = self._mounts_fd, -1
+            os.close(fd)
 
     def adopt(self, session_id: str) -> None:
         """A warm spare becomes session `session_id` (its scratch folder and cgroup keep
@@ -219,6 +279,8 @@ class Session:
                 if self.supervisor.bwrap is None:
                     log.warning("session %s runs unsandboxed: %s", self.id,
                                 self.supervisor.why_no_sandbox)
+                if self.supervisor.bwrap is not None:
+                    await nursery.start(self._watch_guards_started)
                 task_status.started(None)
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
@@ -257,6 +319,10 @@ class Session:
         return self.close_result
 
     def check_open(self) -> None:
+        self._check_guards()
+        if self.ended_why is not None:
+            raise ToolsdError(SESSION_CLOSED, f"session {self.id} was ended: "
+                              f"{self.ended_why}; open a new session")
         if self.closed or (self.launcher is not None and not self.launcher.alive):
             raise ToolsdError(SESSION_CLOSED, f"session {self.id} is closed or its sandbox died; "
                               f"open a new session")

@@ -206,6 +206,7 @@ class Supervisor:
             raise ToolsdError(NOT_FOUND, f"no session {session_id!r}; open one with session.open "
                               f"(session.list shows the open ones)")
         if session.closed:
+            session.check_open()  # says why, if toolsd ended it
             raise ToolsdError(SESSION_CLOSED, f"session {session_id} is closed; open a new one")
         return session
 
