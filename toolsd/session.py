@@ -112,6 +112,7 @@ class Session:
         self.close_result = None
         self.ended_why: str | None = None  # why toolsd ended the session by itself
         self._mounts_fd = -1  # the sandbox's /proc/PID/mountinfo (see _check_guards)
+        self._mounts_poll = None
         self.scratch = os.path.join(supervisor.state.scratch, session_id)
         self.env = sandbox.sandbox_env(
             home=os.path.expanduser("~"),
@@ -202,15 +203,13 @@ class Session:
 
     def _check_guards(self) -> None:
         """End the session if the host has replaced a path it hides or protects: from then on
-        the sandbox would show the new file (docs/sandbox.md, "Paths replaced on the host"). Cheap when
-        nothing changed: the kernel flags the sandbox's mountinfo as soon as its mount table
-        changes (POLLPRI), and only then is it read again."""
+        the sandbox would show the new file (docs/sandbox.md, "Paths replaced on the host").
+        Cheap when nothing changed: the kernel flags the sandbox's mountinfo as soon as its
+        mount table changes (POLLPRI), and only then is it read again."""
         fd = self._mounts_fd
         if fd == -1 or self.ended_why is not None or self.closed:
             return
-        poller = select.poll()
-        poller.register(fd, select.POLLPRI)
-        if poller.poll(0):
+        if self._mounts_poll.poll(0):
             self._guards_lost(_read_all(fd))  # reading re-arms the flag
 
     def _guards_lost(self, mountinfo: bytes) -> None:
@@ -227,6 +226,9 @@ class Session:
         try:
             self._mounts_fd = os.open(f"/proc/{self.launcher.host_pid}/mountinfo",
                                       os.O_RDONLY | os.O_CLOEXEC)
+            # Made once: every call that starts something asks it.
+            self._mounts_poll = select.poll()
+            self._mounts_poll.register(self._mounts_fd, select.POLLPRI)
             self._guards_lost(_read_all(self._mounts_fd))  # replaced as the sandbox started
         except OSError as e:
             log.warning("session %s: cannot watch its mounts (%s)", self.id, e)
