@@ -56,13 +56,20 @@ class FdReader:
             return data
 
 
-async def write_all(fd: int, data: bytes) -> None:
+async def write_all(fd: int, data: bytes, started=None) -> None:
     """Write all of `data`, waiting whenever the other end is full. OSError (EPIPE: the reader
-    is gone) is the caller's."""
+    is gone) is the caller's. `started()`, if given, is called right after the first write
+    (whether or not the other end took anything), before any wait."""
     await trio.lowlevel.checkpoint_if_cancelled()
     view = memoryview(data)
     while view:
         try:
             view = view[os.write(fd, view):]
+            full = False
         except BlockingIOError:
+            full = True
+        if started is not None:
+            started, call = None, started
+            call()
+        if full:
             await trio.lowlevel.wait_writable(fd)

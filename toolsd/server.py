@@ -98,15 +98,7 @@ class Connection:
         try:
             if self._unsent:
                 frame, self._unsent = self._unsent + frame, b""
-            view = memoryview(frame)
-            try:
-                view = view[os.write(self.fd, view):]
-            except BlockingIOError:
-                pass
-            finally:
-                if then is not None:
-                    then()
-            await write_all(self.fd, view)
+            await write_all(self.fd, frame, started=then)
         except (OSError, trio.ClosedResourceError):
             pass  # the client went away; its requests are being cancelled
         finally:
