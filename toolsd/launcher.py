@@ -558,15 +558,23 @@ class Launcher:
             event.set()
 
     def gone_now(self) -> bool:
-        """Whether the launcher or its wrapper has exited, asked of their pidfds now: `alive`
-        changes only once the reader task has run."""
+        """Whether the launcher or its wrapper has exited or is exiting, asked now: `alive`
+        changes only once the reader task has run. The pidfds say so once a process has
+        ended; a process killed a moment ago is still exiting, and has already let go of
+        its namespaces (while its pidfd says alive, its pid is still its own)."""
         fds = [fd for fd in (self._launcher_fd, self._wrapper_fd) if fd != -1]
         if not self.alive or not fds:
             return True
         poller = select.poll()
         for fd in fds:
             poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
+        if poller.poll(0):
+            return True
+        try:
+            os.readlink(f"/proc/{self.host_pid}/ns/mnt")
+        except OSError:
+            return True
+        return False
 
     def death_reason(self) -> str:
         """Why the launcher is gone: the last line it wrote to stderr, if any."""

@@ -48,7 +48,7 @@ def check_workspace(path: str) -> str:
 
 RUNTIME_DIRS = ("/run",)
 # How often a session's hiding and protecting mounts are checked while its commands run (see
-# Session._check_guards; every call that starts something checks too).
+# Session.check_guards; every call that starts something checks too).
 GUARD_CHECK_S = 0.5
 
 
@@ -111,7 +111,7 @@ class Session:
         self._closing = False
         self.close_result = None
         self.ended_why: str | None = None  # why toolsd ended the session by itself
-        self._mounts_fd = -1  # the sandbox's /proc/PID/mountinfo (see _check_guards)
+        self._mounts_fd = -1  # the sandbox's /proc/PID/mountinfo (see check_guards)
         self._mounts_poll = None
         self.scratch = os.path.join(supervisor.state.scratch, session_id)
         self.env = sandbox.sandbox_env(
@@ -182,30 +182,18 @@ class Session:
                 ids.append((path, None, None))
         return tuple(ids)
 
-    def guards_intact(self) -> bool:
-        """Whether every mount that hides or protects something is still in place in this
-        session's sandbox: the kernel removes a mount from every namespace when the host
-        replaces the path under it (`git config` renames a new .git/config into place), and
-        the inode number of the new file or folder may well be the old one's."""
-        return self.supervisor.bwrap is None or self.missing_guards() == []
+    @property
+    def guarded(self) -> bool:
+        """Whether check_guards can see this sandbox's mounts (always, unsandboxed)."""
+        return self.supervisor.bwrap is None or self._mounts_fd != -1
 
-    def missing_guards(self, mountinfo: bytes | None = None) -> list[str] | None:
-        """The hiding and protecting mounts gone from the sandbox (from its mountinfo, read
-        now if not given); None if that cannot be read (the launcher is gone)."""
-        if mountinfo is None:
-            try:
-                with open(f"/proc/{self.launcher.host_pid}/mountinfo", "rb") as f:
-                    mountinfo = f.read()
-            except (OSError, AttributeError):
-                return None
-        points = sandbox.mount_points(mountinfo)
-        return [path for path in sandbox.guarding_mounts(self._policy) if path not in points]
-
-    def _check_guards(self) -> None:
-        """End the session if the host has replaced a path it hides or protects: from then on
-        the sandbox would show the new file (docs/sandbox.md, "Paths replaced on the host").
-        Cheap when nothing changed: the kernel flags the sandbox's mountinfo as soon as its
-        mount table changes (POLLPRI), and only then is it read again."""
+    def check_guards(self) -> None:
+        """End the session if the host has replaced a path it hides or protects: the kernel
+        removes a mount from every namespace when the host replaces the path under it (`git
+        config` renames a new .git/config into place), and from then on the sandbox would
+        show the new file (docs/sandbox.md, "Paths replaced on the host"). `ended_why` says
+        so afterwards. Cheap when nothing changed: the kernel flags the sandbox's mountinfo
+        as soon as its mount table changes (POLLPRI), and only then is it read again."""
         fd = self._mounts_fd
         if fd == -1 or self.ended_why is not None or self.closed:
             return
@@ -213,7 +201,8 @@ class Session:
             self._guards_lost(_read_all(fd))  # reading re-arms the flag
 
     def _guards_lost(self, mountinfo: bytes) -> None:
-        missing = self.missing_guards(mountinfo)
+        points = sandbox.mount_points(mountinfo)
+        missing = [p for p in sandbox.guarding_mounts(self._policy) if p not in points]
         if missing:
             self.ended_why = (f"{', '.join(missing)} changed on the host while the session "
                               f"ran, and its sandbox no longer hid or protected it")
@@ -221,7 +210,7 @@ class Session:
             self.supervisor.nursery.start_soon(self.close)
 
     async def _watch_guards_started(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """_check_guards every GUARD_CHECK_S, for commands already running. Started (the
+        """check_guards every GUARD_CHECK_S, for commands already running. Started (the
         mountinfo open and read) before the session is handed out."""
         try:
             self._mounts_fd = os.open(f"/proc/{self.launcher.host_pid}/mountinfo",
@@ -237,7 +226,7 @@ class Session:
         task_status.started()
         try:
             while not self.closed and self.ended_why is None:
-                self._check_guards()
+                self.check_guards()
                 await trio.sleep(GUARD_CHECK_S)
         finally:
             fd, self._mounts_fd = self._mounts_fd, -1
@@ -321,7 +310,7 @@ class Session:
         return self.close_result
 
     def check_open(self) -> None:
-        self._check_guards()
+        self.check_guards()
         if self.ended_why is not None:
             raise ToolsdError(SESSION_CLOSED, f"session {self.id} was ended: "
                               f"{self.ended_why}; open a new session")

@@ -142,12 +142,13 @@ class Supervisor:
         spare, self._spare = self._spare, None
         if spare is None:
             return None
-        fits = (not spare.session.closed and spare.session.launcher is not None
+        spare.session.check_guards()  # its own hiding mounts, as for any session
+        fits = (not spare.session.closed and spare.session.ended_why is None
+                and spare.session.guarded and spare.session.launcher is not None
                 and not spare.session.launcher.gone_now()
                 and time.monotonic() - spare.made_at < SPARE_MAX_AGE_S
                 and spare.key == session.spare_key()
-                and spare.fingerprint == session.fingerprint()
-                and spare.session.guards_intact())
+                and spare.fingerprint == session.fingerprint())
         if fits:
             return spare.session
         self.nursery.start_soon(spare.session.close)
