@@ -30,10 +30,10 @@ ends (output) or when it is killed (commands).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
-import functools
 import time
 import uuid as uuidlib
 
