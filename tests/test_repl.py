@@ -4,6 +4,7 @@ and gone when its turn or session ends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -17,7 +18,7 @@ import pytest
 import trio
 
 from conftest import RunningDaemon, needs_bwrap, module_daemon as shared_daemon
-from toolsd.client import ToolsdError
+from toolsd.client import Client, ToolsdError
 from toolsd.framing import FrameReader, encode_frame
 
 pytestmark = needs_bwrap
@@ -206,6 +207,16 @@ def test_timeout_interrupts_a_busy_loop_and_keeps_the_state(client, session, tur
     assert (after["status"], after["output"], after["fresh"]) == ("ok", "(7, True)\n", False)
 
 
+def test_a_short_timeout_after_a_long_one_is_kept(daemon, session, turn):
+    # A call on a running REPL has no task of its own: one alarm per interpreter serves
+    # them, set for the first call's 60 s here. The second call's 1 s must move it.
+    with Client(daemon.socket, timeout=STUCK_S) as c:
+        c.repl_exec(session, turn, "kept = 7", timeout_s=60)
+        r = c.repl_exec(session, turn, "while True:\n    pass", timeout_s=1)
+        assert (r["status"], r["state_lost"]) == ("timeout", False)
+        assert c.repl_exec(session, turn, "kept")["output"] == "7\n"
+
+
 def test_code_ignoring_sigint_is_killed_after_the_grace_and_the_next_call_is_fresh(
         daemon, client, session, turn):
     client.repl_exec(session, turn, "kept = 7")
@@ -256,6 +267,33 @@ def test_turn_end_kills_the_interpreter_and_its_children(daemon, client, session
     with pytest.raises(ToolsdError) as e:
         client.repl_exec(session, turn, "1")
     assert e.value.code == "not_found"
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first-call", "running-repl"])
+async def test_turn_end_answers_the_call_it_cuts_short(daemon, session, turn, warm):
+    started = os.path.join(daemon.workspace, "started")
+    os.mkfifo(started)
+    with daemon.client() as c:
+        if warm:
+            c.repl_exec(session, turn, "1")
+        client = await daemon.async_client()
+        async with client:
+            with trio.fail_after(STUCK_S):
+                async with trio.open_nursery() as nursery:
+                    result = {}
+
+                    async def spin():
+                        result["r"] = await client.repl_exec(
+                            session, turn, "open('started', 'w').close()\nwhile True:\n    pass")
+
+                    nursery.start_soon(spin)
+                    await in_thread(lambda: open(started).read())
+                    assert await in_thread(lambda: c.turn_end(session, turn)) == {
+                        "repls_stopped": 1}
+        assert (result["r"]["status"], result["r"]["state_lost"]) == ("crashed", True)
+        with pytest.raises(ToolsdError) as e:
+            c.repl_exec(session, turn, "1")
+        assert e.value.code == "not_found"
 
 
 def test_session_close_kills_every_interpreter(daemon, client, session, turn):
@@ -384,9 +422,7 @@ async def test_two_requests_on_one_repl_run_one_after_the_other(daemon, session,
     def second_request_then_release_first():
         # One write holds request B then a hello: once the hello is answered, the daemon has
         # read B and started its task while A is still running.
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(STUCK_S)
-            s.connect(daemon.socket)
+        with raw_socket(daemon) as s:
             b = {"session": session, "turn": turn, "code": "print('B', done)"}
             s.sendall(frame({"id": 1, "method": "repl.exec", "params": b})
                       + frame({"id": 2, "method": "hello", "params": {}}))
@@ -415,6 +451,15 @@ def frame(request: dict) -> bytes:
     return encode_frame(msgspec.msgpack.encode(request))
 
 
+@contextlib.contextmanager
+def raw_socket(daemon):
+    """A connection to the daemon without a client library: frames as the test writes them."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(STUCK_S)
+        s.connect(daemon.socket)
+        yield s
+
+
 def read_replies(s: socket.socket, *, until: int) -> dict[int, dict]:
     """Replies by id, read until the one with id `until` is in."""
     return {reply["id"]: reply for reply in read_reply_list(s, until=until)}
@@ -434,11 +479,9 @@ def read_reply_list(s: socket.socket, *, until: int, count: int = 1) -> list[dic
 
 def test_each_request_is_answered_once_and_a_cancel_after_the_answer_finds_nothing(
         daemon, session, turn):
-    # The answer goes out from the task that reads the sentinel (toolsd/early.py); the
-    # request's own task must not send it again, nor may a cancel reach it after.
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(STUCK_S)
-        s.connect(daemon.socket)
+    # The answer goes out from the task that reads the sentinel (answers.Detached); nothing
+    # may send it again, nor may a cancel reach it after.
+    with raw_socket(daemon) as s:
         for n in range(1, 30, 3):
             params = {"session": session, "turn": turn, "code": f"print({n})"}
             s.sendall(frame({"id": n, "method": "repl.exec", "params": params}))
@@ -454,6 +497,61 @@ def test_each_request_is_answered_once_and_a_cancel_after_the_answer_finds_nothi
             assert cancel["error"]["code"] == "not_found"
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["first-call", "running-repl"])
+async def test_a_cancel_interrupts_the_code_and_the_repl_stays_in_sync(
+        daemon, session, turn, warm):
+    started = os.path.join(daemon.workspace, "started")
+    os.mkfifo(started)
+    if warm:
+        with daemon.client() as c:
+            c.repl_exec(session, turn, "kept = 5")
+
+    def cancel_mid_request():
+        with raw_socket(daemon) as s:
+            code = "set_before = 6\nopen('started', 'w').close()\nwhile True:\n    pass"
+            params = {"session": session, "turn": turn, "code": code}
+            s.sendall(frame({"id": 1, "method": "repl.exec", "params": params}))
+            open(started).read()
+            s.sendall(frame({"id": 2, "method": "cancel", "params": {"request": 1}}))
+            replies = read_replies(s, until=2)
+            replies.update(read_replies(s, until=1) if 1 not in replies else {})
+            return replies
+
+    with trio.fail_after(STUCK_S):
+        replies = await in_thread(cancel_mid_request)
+    assert replies[2]["result"] == {}
+    assert replies[1]["error"]["code"] == "cancelled"
+    with daemon.client() as c:
+        r = c.repl_exec(session, turn, "set_before", timeout_s=20)
+    assert (r["status"], r["output"], r["fresh"]) == ("ok", "6\n", False)
+
+
+def test_many_calls_sent_at_once_each_get_their_own_output(daemon, session, turn):
+    # The first runs without a task if the REPL is idle, the rest queue in tasks; a few
+    # are cancelled on the way. Each answer must carry its own code's output, once.
+    with daemon.client() as c:
+        c.repl_exec(session, turn, "n = 0")
+    with raw_socket(daemon) as s:
+        batch = b""
+        for rid in range(1, 61):
+            params = {"session": session, "turn": turn, "code": f"n += 1\nprint({rid})"}
+            batch += frame({"id": rid, "method": "repl.exec", "params": params})
+        for rid in (100, 101):
+            batch += frame({"id": rid, "method": "cancel", "params": {"request": rid - 70}})
+        s.sendall(batch)
+        replies = read_reply_list(s, until=60, count=62)
+    assert sorted(r["id"] for r in replies) == list(range(1, 61)) + [100, 101]
+    ran = 0
+    for reply in replies:
+        if reply["id"] < 100 and "result" in reply:
+            assert reply["result"]["output"] == f"{reply['id']}\n"
+            ran += 1
+        elif reply["id"] < 100:
+            assert reply["error"]["code"] == "cancelled"
+    with daemon.client() as c:
+        assert c.repl_exec(session, turn, "n")["output"] == f"{ran}\n"
+
+
 def test_big_answers_stay_whole_when_the_client_reads_them_late(daemon, session):
     # Answers of a megabyte each, on four REPLs at once, to a client that reads nothing until
     # all are asked: an answer the socket takes only in part must be finished before any
@@ -461,9 +559,9 @@ def test_big_answers_stay_whole_when_the_client_reads_them_late(daemon, session)
     size = 1_000_000
     with daemon.client() as c:
         turns = [c.turn_begin(session)["turn"] for _ in range(4)]
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(STUCK_S)
-        s.connect(daemon.socket)
+        for t in turns:  # running and idle: the first answer of each has no task
+            c.repl_exec(session, t, "1")
+    with raw_socket(daemon) as s:
         requests = [(n * 4 + i + 1, t) for n in range(2) for i, t in enumerate(turns)]
         for rid, t in requests:
             params = {"session": session, "turn": t, "code": f"print('{rid % 10}' * {size})",
@@ -491,9 +589,7 @@ async def test_a_slow_repl_exec_does_not_delay_hello(daemon, session, turn):
     os.mkfifo(go)
 
     def slow_exec_then_hello():
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(STUCK_S)
-            s.connect(daemon.socket)
+        with raw_socket(daemon) as s:
             code = "open('started', 'w').close()\nopen('go').read()\n'done'"
             params = {"session": session, "turn": turn, "code": code}
             s.sendall(frame({"id": 1, "method": "repl.exec", "params": params}))

@@ -1,15 +1,15 @@
-"""The answer of the request a task is running: sent from another task as soon as it is known,
-and work to do once it has gone out.
+"""How a request's answer gets out other than by its handler's task returning it.
 
-- `send`: a handler whose answer is found by another task (repl.exec: the task reading the
-  interpreter's output finds the sentinel) would otherwise wake its own task to send it, one
-  more pass of trio's scheduler between the answer and the client, about a sixth of a
-  repl.exec round trip. It hands its request's `Answer` to that task, which sends the result
-  at once when it can. The handler still returns its result as usual; the connection does
-  not send it twice.
-- `after`: work that must not delay the answer (shell.run lets its shim go: closing the hold
-  pipe wakes the shim, a tenth of a millisecond here) runs right after the answer's first
-  write, or at once when the answer must wait behind others for a slow reader.
+- `Detached`: a request that runs without a task of its own. A repl.exec on an idle, running
+  interpreter needs none: the task that read it writes its code to the interpreter and goes
+  back to reading, and the task that reads the interpreter's output answers it when the
+  sentinel comes. Each task less is a pass less of trio's scheduler, a fifth of a small
+  repl.exec on a slow machine. Anything out of the ordinary (a timeout, a `cancel`, the
+  client going away, the interpreter dying) hands the rest of the request to a task
+  (`escalate`), which then answers it as any handler would.
+- `Answer.after`: work that must not delay the answer (shell.run lets its shim go: closing
+  the hold pipe wakes the shim, a tenth of a millisecond here) runs right after the answer's
+  first write, or at once when the answer must wait behind others for a slow reader.
 
 No I/O here: the connection does the writing.
 """
@@ -18,36 +18,60 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
 import trio
 
-__all__ = ["Answer", "current"]
+__all__ = ["Answer", "Detached", "current"]
 
 log = logging.getLogger("toolsd.answer")
 
 
-class _Sender(Protocol):
-    def answer_early(self, request_id: int, result: object) -> bool: ...
+class _Connection(Protocol):
+    def finish_detached(self, detached: Detached, result: object) -> None: ...
+
+    def escalate(self, detached: Detached) -> None: ...
+
+
+class Detached:
+    """A request in flight with no task. Whoever started it sets `rest`: the coroutine
+    function that finishes the request in a task, from any point, returning its result or
+    raising as a handler does, and running within the request's cancel scope."""
+
+    __slots__ = ("_connection", "request", "scope", "rest", "_over")
+
+    def __init__(self, connection: _Connection, request, scope: trio.CancelScope):
+        self._connection = connection
+        self.request = request  # protocol.Request
+        self.scope = scope
+        self.rest: Callable[[], Awaitable[object]] | None = None
+        self._over = False  # answered, or handed to a task
+
+    def finish(self, result: object) -> bool:
+        """Answer with `result`, unless a task has the request now (False: that task will
+        answer). Synchronous; never raises."""
+        if self._over:
+            return False
+        self._over = True
+        self._connection.finish_detached(self, result)
+        return True
+
+    def escalate(self) -> None:
+        """Hand the rest of the request to a task (`rest`); once only, and never after it
+        was answered. Synchronous; never raises."""
+        if self._over:
+            return
+        self._over = True
+        self._connection.escalate(self)
 
 
 class Answer:
-    __slots__ = ("_sender", "request_id", "sent", "_after", "_task")
+    __slots__ = ("request_id", "_after", "_task")
 
-    def __init__(self, sender: _Sender, request_id: int):
-        self._sender = sender
+    def __init__(self, request_id: int):
         self.request_id = request_id
-        self.sent = False
         self._after: list[Callable[[], None]] = []
         self._task = None  # the task running the request (see serving)
-
-    def send(self, result: object) -> bool:
-        """Send `result` now if the connection can take it without waiting; False if not (the
-        request was cancelled, or another answer is being written), and the handler's
-        return value goes out as usual. Synchronous; never raises."""
-        if not self.sent:
-            self.sent = self._sender.answer_early(self.request_id, result)
-        return self.sent
 
     def after(self, fn: Callable[[], None]) -> None:
         """Call `fn()` once the answer has started out (or cannot soon, or could not be)."""

@@ -31,7 +31,7 @@ from .protocol import (
     decode_params,
 )
 
-__all__ = ["METHODS", "CancelParams", "decode"]
+__all__ = ["METHODS", "DETACHED", "CancelParams", "decode"]
 
 
 async def hello(sup, p: HelloParams) -> HelloResult:
@@ -115,6 +115,18 @@ METHODS = {
     "process.stop": (ProcessStopParams, process_stop),
     "process.list": (ProcessListParams, process_list),
     "image.read": (ImageReadParams, image_read),
+}
+
+
+def repl_exec_detached(sup, p: ReplExecParams, detached) -> bool:
+    return repl.start_detached(sup.session(p.session), p, detached)
+
+
+# Methods that can run without a task of their own (answers.Detached, where the why is):
+# `start(sup, params, detached)` returns True if it took the request, or returns False or
+# raises ToolsdError before doing anything, and the request then runs the usual way.
+DETACHED = {
+    "repl.exec": (ReplExecParams, repl_exec_detached),
 }
 
 

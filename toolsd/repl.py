@@ -8,8 +8,9 @@ answers of later calls.
 
 Behaviour a caller sees:
 - Requests on one REPL run one after the other. Requests sent together, without waiting for
-  an answer, may run in either order (each request has its own task, and trio runs a batch
-  of ready tasks in either order): wait for the answer before sending code that needs it.
+  an answer, may run in either order (those that wait have a task each, and trio runs a
+  batch of ready tasks in either order): wait for the answer before sending code that needs
+  it.
 - Timeout: SIGINT to the interpreter; if its sentinel comes within GRACE_S, status "timeout"
   and the state stays; if not, its whole tree is killed, status "timeout", `state_lost: true`,
   and the next call starts a fresh interpreter (`fresh: true`).
@@ -22,15 +23,24 @@ Behaviour a caller sees:
   LATE_BYTES of it at most.
 - A notice line for timeout and crash ends the output (within max_output_chars).
 
+How a request runs: with a task of its own (`Repl.execute`) when it must wait for the REPL or
+start its interpreter; without one (`start_detached`, answers.Detached) when the REPL is
+running and idle, the usual case. Then the task that read the request writes its code and
+goes back to reading, and the task reading the interpreter's output answers it on the
+sentinel. Its deadline is kept by the interpreter's watch task, whose one alarm moves only
+when a request's deadline comes sooner; a timeout, a cancel or the interpreter's end hands
+the rest of the request to a task (`_Run.finish`), which ends it as `execute` would.
+
 Resource handling: a Repl belongs to its Turn; `aclose()` (turn.end, session.close) kills the
-interpreter's tree and ends its output pump, which runs in the session's nursery. The
-daemon's end of every pipe belongs to the running `_Interpreter`, and is closed when its pump
-ends (output) or when it is killed (commands).
+interpreter's tree and ends its output pump and watch task, which run in the session's
+nursery. The daemon's end of every pipe belongs to the running `_Interpreter`, and is closed
+when its pump ends (output) or when it is killed (commands). A request's lock on its REPL
+is released by whatever ends it (see _Run).
 """
 
 from __future__ import annotations
 
-import functools
+import math
 import os
 import signal
 import sys
@@ -40,14 +50,13 @@ import uuid as uuidlib
 import msgspec
 import trio
 
-from . import answer as answers
 from .output import HeadTail, Ring
 from .protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
 from .sentinel import Sentinel, SentinelScanner
 from .session import DRIVER_DIR
 from .shell import end_tree, pump, signal_name, spawn_with_pipe
 
-__all__ = ["Repl", "execute", "GRACE_S", "LATE_BYTES"]
+__all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]
 
 # How long an interpreter may take to answer SIGINT before it is killed with its tree.
 GRACE_S = 2.0
@@ -76,6 +85,15 @@ async def execute(session, p: ReplExecParams) -> ReplExecResult:
         if repl is None:
             repl = turn.repls[p.language] = Repl(p.language, argv, turn.id)
     return await repl.execute(session, p)
+
+
+def start_detached(session, p: ReplExecParams, detached) -> bool:
+    """repl.exec without a task of its own (answers.Detached), when its REPL is running and
+    idle: the code goes to the interpreter now, and the task reading the interpreter's output
+    answers. False when it needs a task (the turn's first call, a busy REPL)."""
+    session.check_open()
+    repl = session.turn(p.turn).repls.get(p.language)
+    return repl is not None and repl.start_detached(p, detached)
 
 
 async def python_executable(session, python3: str) -> str:
@@ -122,7 +140,9 @@ class Repl:
         self.argv = argv
         self.turn_id = turn_id
         self.closed = False
-        self._lock = trio.Lock()
+        # One request at a time, in the order they came. A semaphore, not a lock: a request
+        # without a task (start_detached) is ended by the task that reads its sentinel.
+        self._lock = trio.Semaphore(1)
         self._interp: _Interpreter | None = None
         self._late: Ring | None = None  # output printed while no request was in flight
 
@@ -142,12 +162,12 @@ class Repl:
 
     async def execute(self, session, p: ReplExecParams) -> ReplExecResult:
         started = time.monotonic()
-        # An uncontended lock is taken without a trip through trio's scheduler (about 10 us
-        # on a slow machine, against some 200 us for the whole driver round trip).
-        if self._lock.locked():
-            await self._lock.acquire()
-        else:
+        # A free lock is taken without a trip through trio's scheduler (about 10 us on a
+        # slow machine, against some 200 us for the whole driver round trip).
+        if self._lock.value:
             self._lock.acquire_nowait()
+        else:
+            await self._lock.acquire()
         try:
             if self.closed:
                 raise ToolsdError(NOT_FOUND, f"turn {self.turn_id} has ended; start a new one "
@@ -165,43 +185,53 @@ class Repl:
                     await interp.kill()
                     raise ToolsdError(NOT_FOUND, f"turn {self.turn_id} ended while its "
                                       f"interpreter started; start a new turn")
-            out = HeadTail(p.max_output_chars)
-            late_dropped = self._take_late(out)
-            result = functools.partial(_result, out, late_dropped, fresh, started)
-            answer = answers.current()
-            sent = None
-            on_sentinel = None
-            if answer is not None:
-                # Sent by the task that reads the sentinel, a scheduler pass sooner.
-                def on_sentinel(ok: bool) -> None:
-                    nonlocal sent
-                    done = result("ok" if ok else "error", False, "")
-                    if answer.send(done):
-                        sent = done
-            status, state_lost, notice = await self._run(interp, p, out, on_sentinel)
-        finally:
+            run = _Run(self, interp, p, fresh, started)
+        except BaseException:
             self._lock.release()
-        return sent or result(status, state_lost, notice)
+            raise
+        interp.begin(run.line, run.out.feed)
+        return await run.finish()
 
-    async def _run(self, interp: _Interpreter, p: ReplExecParams, out: HeadTail,
-                   on_sentinel=None):
-        """(status, state_lost, notice) of one request. `on_sentinel(ok)` is called by the
-        reading task if the sentinel comes in time."""
+    def start_detached(self, p: ReplExecParams, detached) -> bool:
+        """Send `p` to the running interpreter and return, leaving the answer to the task
+        that reads its output (see start_detached); False if the REPL is not idle."""
+        interp = self._interp
+        if self.closed or not self._lock.value or interp is None or interp.gone:
+            return False
+        self._lock.acquire_nowait()
+        try:
+            run = _Run(self, interp, p, False, time.monotonic())
+        except BaseException:
+            self._lock.release()
+            raise
+        detached.rest = run.finish
+        run.detached = detached
+        interp.begin(run.line, run.out.feed)
+        if interp.sent == "all":
+            interp.wait_detached(run)
+        else:
+            detached.escalate()  # the pipe is full, or the interpreter gone: a task sees to it
+        return True
+
+    async def _run(self, run: _Run):
+        """(status, state_lost, notice) of a request begun on its interpreter: the rest of
+        its code sent, then its sentinel within its deadline, or the interrupt."""
+        interp = run.interp
         finished = False
         try:
-            with trio.move_on_after(p.timeout_s) as deadline:
-                interp.on_sentinel = on_sentinel
-                await interp.send(p.code, out.feed)
+            # A request handed over because it was cancelled must not pass for answered,
+            # even when its sentinel came meanwhile.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            with trio.move_on_at(run.deadline) as deadline:
+                await interp.send_rest()
                 await interp.settled()
-            interp.on_sentinel = None  # a sentinel after SIGINT is not the answer
             if deadline.cancelled_caught:
-                result = await self._interrupt(interp, p.timeout_s)
+                result = await self._interrupt(interp, run.p.timeout_s)
             else:
                 result = await self._answer(interp)
             finished = True
             return result
         finally:
-            interp.on_sentinel = None
             if not finished:
                 # Cancelled: the request's answer is not wanted, but the interpreter must
                 # be back in sync (or gone) before the next request takes the lock.
@@ -264,8 +294,52 @@ class Repl:
         return alive
 
 
+class _Run:
+    """One repl.exec from the moment it has its REPL's lock: its output, its deadline and its
+    result. The lock is released by whatever ends it: `finish()` in a task, or, for a request
+    without one (start_detached), the sentinel's arrival."""
+
+    def __init__(self, repl: Repl, interp: _Interpreter, p: ReplExecParams, fresh: bool,
+                 started: float):
+        self.repl = repl
+        self.interp = interp
+        self.p = p
+        self.fresh = fresh
+        self.started = started
+        self.line = msgspec.json.encode(p.code) + b"\n"
+        self.out = HeadTail(p.max_output_chars)
+        self.late_dropped = repl._take_late(self.out)
+        self.deadline = trio.current_time() + p.timeout_s
+        self.detached = None  # answers.Detached, for a request without a task
+
+    def result(self, status: str, state_lost: bool = False, notice: str = "") -> ReplExecResult:
+        return _result(self.out, self.late_dropped, self.fresh, self.started, status,
+                       state_lost, notice)
+
+    async def finish(self) -> ReplExecResult:
+        """The rest of the request, in a task."""
+        if self.interp.waiter is self:
+            self.interp.waiter = None
+        try:
+            return self.result(*await self.repl._run(self))
+        finally:
+            self.repl._lock.release()
+
+    # Called by the interpreter, for a request without a task.
+
+    def sentinel_came(self, ok: bool) -> None:
+        if self.detached.finish(self.result("ok" if ok else "error")):
+            self.repl._lock.release()
+        # else a task has the request: it finds the sentinel
+
+    def needs_task(self) -> None:
+        """Its deadline passed, or the interpreter is gone."""
+        self.detached.escalate()
+
+
 class _Interpreter:
-    """One driver process: its job, the command pipe, the framing state and the pump task."""
+    """One driver process: its job, the command pipe, the framing state, the pump task, and
+    the watch task (its exit, and the deadline of a request without a task)."""
 
     def __init__(self, job, cmd_fd: int, idle_sink):
         self.job = job
@@ -275,16 +349,20 @@ class _Interpreter:
         self.sentinel: Sentinel | None = None
         self.sent = "all"  # of the request in flight: "none", "some" or "all"
         self.eof = trio.Event()
+        # The request in flight if no task waits for it (a _Run): told of its sentinel, or
+        # handed to a task when its deadline passes or the interpreter goes.
+        self.waiter: _Run | None = None
         self._cmd_fd = cmd_fd
+        self._unsent = b""  # of the request in flight
+        self._next_sink = idle_sink  # its output's, once all of it is sent
         self._idle_sink = idle_sink
         self._sink = idle_sink
         self._wake = trio.Event()
+        self._alarm = trio.CancelScope()  # the watch task's wait (see _watch)
+        self._alarm_at = math.inf
         self._pump_scope = trio.CancelScope()
         self._killing = False
         self._killed = trio.Event()
-        # Called (with whether the code ran without error) by the task that reads the
-        # sentinel of the request in flight, once; it must not raise.
-        self.on_sentinel = None
 
     @classmethod
     async def start(cls, session, argv: list[str], idle_sink) -> _Interpreter:
@@ -300,13 +378,12 @@ class _Interpreter:
         self = cls(job, cmd_w, idle_sink)
         os.set_blocking(cmd_w, False)
         session.nursery.start_soon(self._pump, read_fd)
-        session.nursery.start_soon(self._watch_exit)
+        session.nursery.start_soon(self._watch)
         try:
-            await self._write(self.uuid.encode() + b"\n")
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await self.kill()
-            raise
+            # Into an empty pipe, and shorter than PIPE_BUF: all of it, at once.
+            os.write(cmd_w, self.uuid.encode() + b"\n")
+        except OSError:
+            pass  # it died at once: the first request finds it gone
         return self
 
     @property
@@ -325,20 +402,62 @@ class _Interpreter:
 
     # ------------------------------------------------------------ requests
 
-    async def send(self, code: str, sink) -> None:
-        """Send one request; its output goes to `sink` until its sentinel."""
-        line = msgspec.json.encode(code) + b"\n"
+    def begin(self, line: bytes, sink) -> None:
+        """Send one request, as much of it as the pipe takes now (`sent`; send_rest sends
+        the rest). Its output goes to `sink` until its sentinel."""
         self.sentinel = None
         self._wake = trio.Event()
         self.sent = "none"
-        await self._write(line)
-        # Only now is the request numbered: the driver counts the lines it received, so a
-        # request cancelled before its first byte went out must not take a number. No
-        # checkpoint lies between the write and these lines, and the driver cannot answer a
-        # request before reading all of it.
-        self.seq += 1
-        self.scanner.expect(self.seq)
-        self._sink = sink
+        self._unsent = line
+        self._next_sink = sink
+        self._write_some()
+
+    async def send_rest(self) -> None:
+        """The rest of the request begun, waiting for room in the pipe."""
+        while self._write_some() is False:
+            try:
+                await trio.lowlevel.wait_writable(self._cmd_fd)
+            except trio.ClosedResourceError:
+                return  # killed meanwhile
+
+    def _write_some(self) -> bool | None:
+        """True once all of the request is sent; False if the pipe is full; None if it
+        cannot be sent (the interpreter is gone, or killed: settled() sees it)."""
+        while self._unsent:
+            if self._cmd_fd < 0:
+                return None
+            try:
+                n = os.write(self._cmd_fd, self._unsent)
+            except BlockingIOError:
+                return False
+            except OSError:
+                return None  # EPIPE
+            self._unsent = self._unsent[n:]
+            self.sent = "some"
+        if self.sent != "all":
+            # Only now is the request numbered: the driver counts the lines it received, so
+            # a request cancelled before its first byte went out must not take a number. The
+            # driver cannot answer a request before reading all of it.
+            self.sent = "all"
+            self.seq += 1
+            self.scanner.expect(self.seq)
+            self._sink = self._next_sink
+        return True
+
+    def wait_detached(self, run: _Run) -> None:
+        """`run` has no task: tell it of its sentinel, or hand it to one when its deadline
+        passes or the interpreter goes."""
+        self.waiter = run
+        if run.deadline < self._alarm_at:
+            # Only when it comes sooner: requests with the same timeout never move the alarm,
+            # which goes off once per timeout at most and is set again for the request then
+            # in flight.
+            self._alarm_at = self._alarm.deadline = run.deadline
+
+    def _hand_over(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            waiter.needs_task()
 
     async def settled(self) -> None:
         """Until the request in flight is answered or the interpreter is gone."""
@@ -361,25 +480,6 @@ class _Interpreter:
         if not self.eof.is_set():
             await self.kill()
 
-    async def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            if self._cmd_fd < 0:
-                return  # killed meanwhile
-            try:
-                n = os.write(self._cmd_fd, view)
-            except BlockingIOError:
-                try:
-                    await trio.lowlevel.wait_writable(self._cmd_fd)
-                except trio.ClosedResourceError:
-                    return  # killed meanwhile
-                continue
-            except OSError:
-                return  # the interpreter is gone (EPIPE): settled() sees it
-            view = view[n:]
-            self.sent = "some"
-        self.sent = "all"
-
     # ------------------------------------------------------------ output
 
     async def _pump(self, read_fd: int) -> None:
@@ -392,6 +492,7 @@ class _Interpreter:
                 self._sink(rest)
             self.eof.set()
             self._wake.set()
+            self._hand_over()
 
     def _on_data(self, data: bytes) -> None:
         while True:
@@ -404,14 +505,24 @@ class _Interpreter:
             self.sentinel = sentinel
             self._sink = self._idle_sink
             self._wake.set()
-            answered, self.on_sentinel = self.on_sentinel, None
-            if answered is not None:
-                answered(sentinel.ok)
+            waiter, self.waiter = self.waiter, None
+            if waiter is not None:
+                waiter.sentinel_came(sentinel.ok)
             data = b""
 
-    async def _watch_exit(self) -> None:
-        await self.job.exited.wait()
+    async def _watch(self) -> None:
+        """Until the interpreter exits: then wake whoever waits for it. Meanwhile, hand a
+        request without a task whose deadline passed to a task, which interrupts it."""
+        while not self.job.exited.is_set():
+            self._alarm = trio.CancelScope(deadline=self._alarm_at)
+            with self._alarm:
+                await self.job.exited.wait()
+            waiter = self.waiter
+            if waiter is not None and trio.current_time() >= waiter.deadline:
+                self._hand_over()
+            self._alarm_at = self.waiter.deadline if self.waiter is not None else math.inf
         self._wake.set()
+        self._hand_over()
 
     # ------------------------------------------------------------ ending
 
@@ -423,6 +534,7 @@ class _Interpreter:
                 return
             self._killing = True
             self._wake.set()
+            self._hand_over()
             try:
                 fd, self._cmd_fd = self._cmd_fd, -1
                 trio.lowlevel.notify_closing(fd)

@@ -1,14 +1,17 @@
 """The socket side of the daemon: listen, check the peer, read frames, run each request in its
-own task, answer through one send lock per connection.
+own task (or none, for a method that can: answers.Detached), answer through one send lock per
+connection.
 
 Resource handling: `serve()` owns the listening socket and every connection; a connection owns
-its in-flight request tasks, which are cancelled when it closes (a closing connection never
-ends a session: sessions belong to the Supervisor).
+its in-flight requests, which are cancelled when it closes: their tasks directly, and those
+without a task by handing them one (a closing connection never ends a session: sessions
+belong to the Supervisor).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import socket
@@ -61,9 +64,11 @@ class Connection:
         self.fd = stream.socket.fileno()
         self.send_lock = trio.Lock()
         self.in_flight: dict[int, trio.CancelScope] = {}
+        # The requests in flight that have no task (answers.Detached), by id.
+        self.detached: dict[int, answers.Detached] = {}
         self.slots = trio.Semaphore(MAX_IN_FLIGHT)
-        # The rest of an early answer that the socket did not take at once: it goes out
-        # before anything else (see answer_early).
+        # The rest of an answer that the socket did not take at once: it goes out before
+        # anything else (see _write_now).
         self._unsent = b""
 
     async def send(self, reply: Reply) -> None:
@@ -157,6 +162,8 @@ class Connection:
                     scope = None
                     if request.method != "cancel" and request.id not in self.in_flight:
                         scope = self.in_flight[request.id] = trio.CancelScope()
+                        if self._start_detached(request, scope):
+                            continue
                     if len(frames) == 1:
                         self._nursery.start_soon(self._read_requests)
                         handed_over = True
@@ -165,7 +172,53 @@ class Connection:
                     self._nursery.start_soon(self.handle, request, scope)
         finally:
             if not handed_over:
-                self._nursery.cancel_scope.cancel()
+                self._cancel_all()
+
+    def _cancel_all(self) -> None:
+        """The connection is closing: every request in flight is cancelled; those without a
+        task get one, which undoes what they started (answers.Detached)."""
+        self._nursery.cancel_scope.cancel()
+        for detached in list(self.detached.values()):
+            detached.escalate()
+
+    def _start_detached(self, request: Request, scope: trio.CancelScope) -> bool:
+        """Start `request` without a task, if its method can (methods.DETACHED) and it is in a
+        state to; False to run it the usual way, which also answers any error."""
+        entry = methods.DETACHED.get(request.method)
+        if entry is None:
+            return False
+        params_type, start = entry
+        detached = self.detached[request.id] = answers.Detached(self, request, scope)
+        try:
+            if start(self.supervisor, methods.decode(params_type, request), detached):
+                return True
+        except ToolsdError:
+            pass  # said again, and answered, the usual way
+        except Exception:
+            log.exception("could not start %s without a task", request.method)
+        del self.detached[request.id]
+        return False
+
+    def finish_detached(self, detached: answers.Detached, result: object) -> None:
+        """Answer a request that has no task: at once if nobody else is writing, else from a
+        task that waits its turn. Never raises."""
+        request_id = detached.request.id
+        del self.detached[request_id]
+        if self.in_flight.get(request_id) is detached.scope:
+            del self.in_flight[request_id]
+        self.slots.release()
+        if self._nursery.cancel_scope.cancel_called:
+            return  # the connection is closing: nobody reads answers any more
+        frame = self._encode(Reply(id=request_id, result=result))
+        if not self._write_now(frame):
+            self._nursery.start_soon(self._write, frame)
+        elif self._unsent:
+            self._nursery.start_soon(self._write, b"")
+
+    def escalate(self, detached: answers.Detached) -> None:
+        """Give a request that has no task one, to run `detached.rest` and answer."""
+        del self.detached[detached.request.id]
+        self._nursery.start_soon(self.handle, detached.request, detached.scope, detached.rest)
 
     async def _decode(self, body: bytes) -> Request | None:
         """The request in a frame; None (and the connection refused) if it is not one."""
@@ -186,53 +239,54 @@ class Connection:
                       f"wait for some answers (or cancel some) before sending more, or open "
                       f"another connection")
 
-    async def handle(self, request: Request, scope: trio.CancelScope | None) -> None:
-        answer = answers.Answer(self, request.id)
+    async def handle(self, request: Request, scope: trio.CancelScope | None,
+                     call=None) -> None:
+        """Run `request` (or, for a detached one handed over, `call()`) and answer it."""
+        answer = answers.Answer(request.id)
         token = answers.serving(answer)
         try:
             if request.method == "cancel":
                 reply = self.cancel(request)
             else:
-                reply = await self.run(request, scope)
-            if not answer.sent:
-                await self._write(self._encode(reply), then=answer.run_after)
-            elif self._unsent:
-                await self._write(b"")
+                reply = await self.run(request, scope, call)
+            await self._write(self._encode(reply), then=answer.run_after)
         finally:
             answers.done(token)
             answer.run_after()
             self.slots.release()
 
-    def answer_early(self, request_id: int, result: object) -> bool:
-        """Send a result from whichever task found it, if that takes no waiting: nobody else
-        is writing and the request is still wanted. Part of it may be left for the
-        request's own task to finish (`_unsent`). A `cancel` after it finds nothing."""
-        scope = self.in_flight.get(request_id)
-        if (self.send_lock.locked() or self._unsent or scope is None or scope.cancel_called
-                or self._nursery.cancel_scope.cancel_called):  # the connection is closing
+    def _write_now(self, frame: bytes) -> bool:
+        """Write `frame` if that takes no waiting for another writer; what the socket does
+        not take at once is left in `_unsent`, which goes out before any other frame. False
+        if someone else is writing."""
+        if self.send_lock.locked() or self._unsent:
             return False
         try:
-            frame = self._encode(Reply(id=request_id, result=result))
             written = os.write(self.fd, frame)
+        except BlockingIOError:
+            written = 0
         except OSError:
-            return False  # full, or the client went away: the usual way sees to it
-        del self.in_flight[request_id]
+            return True  # the client went away; its requests are being cancelled
         self._unsent = frame[written:]
         return True
 
-    async def run(self, request: Request, scope: trio.CancelScope | None) -> Reply:
+    async def run(self, request: Request, scope: trio.CancelScope | None, call=None) -> Reply:
         if scope is None:
             return _error(request.id, BAD_PARAMS,
                           f"request id {request.id} is already in flight on this connection")
         try:
-            entry = methods.METHODS.get(request.method)
-            if entry is None:
-                return _error(request.id, UNKNOWN_METHOD, f"unknown method {request.method!r}; "
-                              f"known: {', '.join(sorted(methods.METHODS) + ['cancel'])}")
-            params_type, handler = entry
+            if call is None:
+                entry = methods.METHODS.get(request.method)
+                if entry is None:
+                    return _error(request.id, UNKNOWN_METHOD,
+                                  f"unknown method {request.method!r}; known: "
+                                  f"{', '.join(sorted(methods.METHODS) + ['cancel'])}")
+                params_type, handler = entry
             with scope:
-                params = methods.decode(params_type, request)
-                result = await handler(self.supervisor, params)
+                if call is None:
+                    params = methods.decode(params_type, request)
+                    call = functools.partial(handler, self.supervisor, params)
+                result = await call()
                 return Reply(id=request.id, result=result)
         except ToolsdError as e:
             return _error(request.id, e.code, e.message)
@@ -241,7 +295,7 @@ class Connection:
             return _error(request.id, INTERNAL,
                           f"{request.method} failed inside toolsd; the daemon log has the trace")
         finally:
-            if self.in_flight.get(request.id) is scope:  # not if answered early
+            if self.in_flight.get(request.id) is scope:
                 del self.in_flight[request.id]
         # Only reached when our scope swallowed a cancellation, i.e. a `cancel` request.
         return _error(request.id, CANCELLED, f"request {request.id} was cancelled")
@@ -256,6 +310,9 @@ class Connection:
             return _error(request.id, NOT_FOUND,
                           f"no request {params.request} is in flight on this connection")
         scope.cancel()
+        detached = self.detached.get(params.request)
+        if detached is not None:
+            detached.escalate()  # its task, already cancelled, undoes what it started
         return Reply(id=request.id, result={})
 
 
