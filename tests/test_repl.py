@@ -10,6 +10,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 import uuid
 
 import msgspec
@@ -495,6 +496,38 @@ def test_each_request_is_answered_once_and_a_cancel_after_the_answer_finds_nothi
             assert sorted(r["id"] for r in rest) == [n + 1, n + 2]
             cancel = next(r for r in rest if r["id"] == n + 1)
             assert cancel["error"]["code"] == "not_found"
+
+
+def test_a_client_that_reads_no_answers_is_held_to_the_in_flight_limit(daemon, session, turn):
+    # Calls one at a time on a running REPL (each without a task), answers of 100 kB, none
+    # read. Each keeps its slot until its answer is out, so the daemon stops taking calls
+    # after 256 (MAX_IN_FLIGHT) plus the few answers the socket holds. Each call appends a
+    # byte to a file when it has run; one that has not run within a while ends the count (a
+    # slow machine can only end it sooner).
+    ran_file = os.path.join(daemon.workspace, "ran")
+    with daemon.client() as c:
+        c.repl_exec(session, turn, "1")
+    code = "print('x' * 100_000)\nwith open('ran', 'a') as f:\n    f.write('1')"
+    ran = 0
+    with raw_socket(daemon) as s:
+        for rid in range(1, 400):
+            s.sendall(frame({"id": rid, "method": "repl.exec",
+                             "params": {"session": session, "turn": turn, "code": code,
+                                        "max_output_chars": 200_000}}))
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline and file_size(ran_file) < rid:
+                time.sleep(0.002)
+            ran = file_size(ran_file)
+            if ran < rid:
+                break
+    assert 256 <= ran < 300
+
+
+def file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["first-call", "running-repl"])

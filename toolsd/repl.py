@@ -251,7 +251,8 @@ class Repl:
     async def _interrupt(self, interp: _Interpreter, timeout_s: float | None):
         """SIGINT, then the tree if it does not answer within GRACE_S."""
         why = f"timed out after {timeout_s:g} s" if timeout_s is not None else "cancelled"
-        if interp.sentinel is None and interp.sent == "all" and not interp.gone:
+        interrupted = interp.sentinel is None and interp.sent == "all" and not interp.gone
+        if interrupted:
             interp.send_signal(signal.SIGINT)
             with trio.move_on_after(GRACE_S):
                 await interp.settled()
@@ -263,9 +264,14 @@ class Repl:
             # The request never reached the interpreter: nothing to undo.
             return "timeout", False, f"[{why} before the code was sent]"
         await interp.kill()
-        return "timeout", True, (f"[{why}: the interpreter did not stop within {GRACE_S:g} s of "
-                                 f"SIGINT and was killed; its state is lost and the next call "
-                                 f"starts a fresh one]")
+        if interrupted:
+            how = f"the interpreter did not stop within {GRACE_S:g} s of SIGINT and was killed"
+        elif interp.sent == "some":
+            how = "only part of the code had reached the interpreter, which was killed"
+        else:
+            how = f"the interpreter died ({interp.how_it_ended()})"
+        return "timeout", True, (f"[{why}: {how}; its state is lost and the next call starts a "
+                                 f"fresh one]")
 
     def _late_feed(self, data: bytes) -> None:
         if self._late is None:

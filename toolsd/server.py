@@ -196,8 +196,8 @@ class Connection:
             pass  # said again, and answered, the usual way
         except Exception:
             log.exception("could not start %s without a task", request.method)
-        del self.detached[request.id]
-        return False
+        # Gone from the table if it was handed to a task before the error: that task answers.
+        return self.detached.pop(request.id, None) is None
 
     def finish_detached(self, detached: answers.Detached, result: object) -> None:
         """Answer a request that has no task: at once if nobody else is writing, else from a
@@ -206,14 +206,24 @@ class Connection:
         del self.detached[request_id]
         if self.in_flight.get(request_id) is detached.scope:
             del self.in_flight[request_id]
-        self.slots.release()
         if self._nursery.cancel_scope.cancel_called:
+            self.slots.release()
             return  # the connection is closing: nobody reads answers any more
         frame = self._encode(Reply(id=request_id, result=result))
         if not self._write_now(frame):
-            self._nursery.start_soon(self._write, frame)
+            self._nursery.start_soon(self._write_then_release, frame)
         elif self._unsent:
-            self._nursery.start_soon(self._write, b"")
+            self._nursery.start_soon(self._write_then_release, b"")
+        else:
+            self.slots.release()
+
+    async def _write_then_release(self, frame: bytes) -> None:
+        # The request keeps its slot until its answer is out: a client that does not read
+        # its answers runs out of slots, so we stop reading it, and its socket fills.
+        try:
+            await self._write(frame)
+        finally:
+            self.slots.release()
 
     def escalate(self, detached: answers.Detached) -> None:
         """Give a request that has no task one, to run `detached.rest` and answer."""
