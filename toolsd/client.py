@@ -35,6 +35,9 @@ class _Reply(msgspec.Struct):
     error: dict | None = None
 
 
+# At most this per read: more costs an mmap and a munmap per read in some processes (see
+# toolsd/fdio.py; not imported from there, as this module does without trio).
+_RECV_SIZE = 64 * 1024
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(_Reply)
 
@@ -143,7 +146,7 @@ class Client(_Methods):
         try:
             self._sock.sendall(frame)
             while request_id not in self._proto.replies:
-                self._proto.feed(self._sock.recv(256 * 1024))
+                self._proto.feed(self._sock.recv(_RECV_SIZE))
         except OSError as e:  # includes the timeout given to the constructor
             raise ConnectionLost(f"no answer from toolsd at {self.socket_path} ({e})") from None
         return self._proto.take(request_id)
@@ -255,7 +258,7 @@ class _TrioBackend(_Backend):
 
     async def receive_some(self) -> bytes:
         try:
-            return await self.stream.receive_some(256 * 1024)
+            return await self.stream.receive_some(_RECV_SIZE)
         except (self._trio.BrokenResourceError, self._trio.ClosedResourceError):
             return b""
 
@@ -291,7 +294,7 @@ class _AsyncioBackend(_Backend):
 
     async def receive_some(self) -> bytes:
         try:
-            return await self.reader.read(256 * 1024)
+            return await self.reader.read(_RECV_SIZE)
         except (ConnectionError, OSError):
             return b""
 

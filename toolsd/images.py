@@ -28,6 +28,7 @@ import trio
 from PIL import Image, ImageOps
 
 from . import shell, threads
+from .fdio import READ_SIZE
 from .launcher import LauncherDied, LauncherError, LauncherLimit
 from .protocol import (
     BAD_PARAMS,
@@ -489,7 +490,7 @@ async def _read_in_sandbox(session, path: str) -> bytes:
     async def collect_out() -> None:
         nonlocal size
         while True:
-            data = await out.receive_some(shell.READ_SIZE)
+            data = await out.receive_some(READ_SIZE)
             if not data:
                 return
             size += len(data)
@@ -499,7 +500,7 @@ async def _read_in_sandbox(session, path: str) -> bytes:
             chunks.append(data)
 
     async def collect_err() -> None:
-        while data := await err.receive_some(shell.READ_SIZE):
+        while data := await err.receive_some(READ_SIZE):
             errors.extend(data[: _STDERR_KEEP - len(errors)])
 
     try:

@@ -23,7 +23,7 @@ import msgspec
 import trio
 
 from . import answer as answers, methods
-from .fdio import FdReader, write_all
+from .fdio import READ_SIZE, FdReader, write_all
 from .framing import FrameReader, FrameTooLarge, encode_frame
 from .protocol import (
     BAD_FRAME,
@@ -51,7 +51,6 @@ log = logging.getLogger("toolsd.server")
 # with limit_exceeded (a `cancel` is still carried out), so memory stays bounded and a client
 # can always cancel; a client that does not read its answers is slowed by its socket.
 MAX_IN_FLIGHT = 256
-_RECV_SIZE = 256 * 1024
 # Frames of one read handled before the connection lets other tasks run.
 FRAMES_PER_TURN = 4
 
@@ -133,7 +132,7 @@ class Connection:
         try:
             while True:
                 try:
-                    data = await self._socket_reader.read(_RECV_SIZE)
+                    data = await self._socket_reader.read(READ_SIZE)
                 except (OSError, trio.ClosedResourceError):
                     return
                 if not data:

@@ -14,7 +14,7 @@ import time
 import trio
 
 from . import answer as answers, proctree, threads
-from .fdio import FdReader
+from .fdio import READ_SIZE, FdReader
 from .launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
 from .output import HeadTail
 from .protocol import (
@@ -35,7 +35,6 @@ KILL_GRACE_S = 0.2
 # How long after the command's exit we wait for its shim to say the tree is empty before we go
 # looking for leftovers ourselves.
 LEFTOVER_CHECK_S = 0.05
-READ_SIZE = 256 * 1024
 # A spawn that takes longer than this means the session's launcher was stopped from inside.
 SPAWN_TIMEOUT_S = 10.0
 # After its tree is killed, how long a job's shim has to report the exit before it is killed
