@@ -648,7 +648,9 @@ def run_shim(host, spawn, private, lost, slot, standby):
         for jobs in range(1, MAX_JOBS_PER_SHIM + 1):
             hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
             if standby:
-                word = private.recv(MAX_MSG)
+                # Into buf: recv(MAX_MSG) would map a fresh MiB, and remap and unmap it,
+                # for each job.
+                word = buf[:private.recv_into(buf)]
                 if not word.startswith(b"go"):
                     os._exit(0)  # the launcher is gone, or has standbys enough
                 lost = set(marshal.loads(word[2:]))
