@@ -113,21 +113,28 @@ trio.run(main)
 """
 
 
+@contextlib.contextmanager
+def trio_echo(folder: str):
+    """A bare trio server answering every frame at once (the floor under a daemon round
+    trip), as a Client."""
+    path = os.path.join(folder, "echo.sock")
+    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, path], stdout=subprocess.PIPE)
+    echo.stdout.readline()
+    try:
+        with Client(path) as client:
+            yield client
+    finally:
+        echo.kill()
+        echo.wait()
+
+
 def bench_hello() -> None:
     n = 5000
     with running_daemon() as (sock, root, _proc):
         with Client(sock) as c:
             median, p90 = stats(timed(c.hello, n, warmup=200))
-        echo_path = os.path.join(root, "echo.sock")
-        echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, echo_path],
-                                stdout=subprocess.PIPE)
-        echo.stdout.readline()
-        try:
-            with Client(echo_path) as e:
-                e_median, e_p90 = stats(timed(e.hello, n, warmup=200))
-        finally:
-            echo.kill()
-            echo.wait()
+        with trio_echo(root) as e:
+            e_median, e_p90 = stats(timed(e.hello, n, warmup=200))
     report("hello round trip, median", us(median), anchor=f"trio echo {us(e_median)}",
            ratio=median / e_median, target="< 60 us")
     report("hello round trip, p90", us(p90), anchor=f"trio echo {us(e_p90)}",

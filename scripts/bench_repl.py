@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench import ms, report, running_daemon, stats, timed, us  # noqa: E402
+from bench import ms, report, running_daemon, stats, timed, trio_echo, us  # noqa: E402
 
 from toolsd.client import Client  # noqa: E402
 from toolsd.sentinel import SentinelScanner  # noqa: E402
@@ -51,7 +51,7 @@ ROUNDS = 5  # toolsd, the bare pipe and jupyter take turns, so that drift hits t
 
 
 def bench_repl() -> None:
-    toolsd, bare, jupyter = [], [], []
+    toolsd, bare, echo, jupyter = [], [], [], []
     with contextlib.ExitStack() as stack:
         sock, root, _proc = stack.enter_context(running_daemon())
         workspace = os.path.join(root, "ws")
@@ -62,10 +62,12 @@ def bench_repl() -> None:
         c.repl_exec(session, turn, "x = 0")  # the interpreter's start is not a round trip
         toolsd_one = lambda: c.repl_exec(session, turn, "x = 1")  # noqa: E731
         bare_one = stack.enter_context(bare_pipe())
+        echo_one = stack.enter_context(trio_echo(root)).hello
         jupyter_one = stack.enter_context(jupyter_kernel())
         for _ in range(ROUNDS):
             toolsd += timed(toolsd_one, ROUND_TRIPS // ROUNDS, warmup=50)
             bare += timed(bare_one, ROUND_TRIPS // ROUNDS, warmup=50)
+            echo += timed(echo_one, ROUND_TRIPS // ROUNDS, warmup=50)
             if jupyter_one is not None:
                 jupyter += timed(jupyter_one, JUPYTER_ROUND_TRIPS // ROUNDS, warmup=5)
     median, p90 = stats(toolsd)
@@ -75,6 +77,11 @@ def bench_repl() -> None:
            target="< 150 us")
     report('repl.exec("x = 1") round trip, p90', us(p90),
            anchor=f"bare pipe to the driver {us(bare_p90)}", ratio=p90 / bare_p90)
+    # The two hops alone: client to a bare trio server and back, daemon to the driver and
+    # back. A daemon in between cannot take less than their sum.
+    hops = stats(echo)[0] + bare_median
+    report('repl.exec("x = 1") against its two hops alone', us(median),
+           anchor=f"trio echo + bare pipe {us(hops)}", ratio=median / hops)
     if not jupyter:
         report("jupyter_client + ipykernel, execute to idle", "not installed",
                anchor="pip install -e '.[bench]'")
