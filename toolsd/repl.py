@@ -185,12 +185,10 @@ class Repl:
                     await interp.kill()
                     raise ToolsdError(NOT_FOUND, f"turn {self.turn_id} ended while its "
                                       f"interpreter started; start a new turn")
-            run = _Run(self, interp, p, fresh, started)
         except BaseException:
             self._lock.release()
             raise
-        interp.begin(run.line, run.out.feed)
-        return await run.finish()
+        return await self._begin(interp, p, fresh, started).finish()
 
     def start_detached(self, p: ReplExecParams, detached) -> bool:
         """Send `p` to the running interpreter and return, leaving the answer to the task
@@ -199,19 +197,25 @@ class Repl:
         if self.closed or not self._lock.value or interp is None or interp.gone:
             return False
         self._lock.acquire_nowait()
-        try:
-            run = _Run(self, interp, p, False, time.monotonic())
-        except BaseException:
-            self._lock.release()
-            raise
+        run = self._begin(interp, p, False, time.monotonic())
         detached.rest = run.finish
         run.detached = detached
-        interp.begin(run.line, run.out.feed)
         if interp.sent == "all":
             interp.wait_detached(run)
         else:
             detached.escalate()  # the pipe is full, or the interpreter gone: a task sees to it
         return True
+
+    def _begin(self, interp: _Interpreter, p: ReplExecParams, fresh: bool,
+               started: float) -> _Run:
+        """Start sending `p` to `interp`, the lock being ours; from here the _Run owns it."""
+        try:
+            run = _Run(self, interp, p, fresh, started)
+        except BaseException:
+            self._lock.release()
+            raise
+        interp.begin(run.line, run.out.feed)
+        return run
 
     async def _run(self, run: _Run):
         """(status, state_lost, notice) of a request begun on its interpreter: the rest of
@@ -319,8 +323,16 @@ class _Run:
         self.detached = None  # answers.Detached, for a request without a task
 
     def result(self, status: str, state_lost: bool = False, notice: str = "") -> ReplExecResult:
-        return _result(self.out, self.late_dropped, self.fresh, self.started, status,
-                       state_lost, notice)
+        output, truncated = _render(self.out, notice)
+        return ReplExecResult(
+            status=status,
+            output=output,
+            output_bytes=self.out.total + self.late_dropped,
+            truncated=truncated or self.late_dropped > 0,
+            fresh=self.fresh,
+            state_lost=state_lost,
+            duration_s=round(time.monotonic() - self.started, 6),
+        )
 
     async def finish(self) -> ReplExecResult:
         """The rest of the request, in a task."""
@@ -553,20 +565,6 @@ class _Interpreter:
                 self._pump_scope.cancel()
             finally:
                 self._killed.set()
-
-
-def _result(out: HeadTail, late_dropped: int, fresh: bool, started: float, status: str,
-            state_lost: bool, notice: str) -> ReplExecResult:
-    output, truncated = _render(out, notice)
-    return ReplExecResult(
-        status=status,
-        output=output,
-        output_bytes=out.total + late_dropped,
-        truncated=truncated or late_dropped > 0,
-        fresh=fresh,
-        state_lost=state_lost,
-        duration_s=round(time.monotonic() - started, 6),
-    )
 
 
 def _render(out: HeadTail, notice: str) -> tuple[str, bool]:

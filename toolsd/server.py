@@ -11,7 +11,6 @@ belong to the Supervisor).
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import socket
@@ -284,18 +283,8 @@ class Connection:
             return _error(request.id, BAD_PARAMS,
                           f"request id {request.id} is already in flight on this connection")
         try:
-            if call is None:
-                entry = methods.METHODS.get(request.method)
-                if entry is None:
-                    return _error(request.id, UNKNOWN_METHOD,
-                                  f"unknown method {request.method!r}; known: "
-                                  f"{', '.join(sorted(methods.METHODS) + ['cancel'])}")
-                params_type, handler = entry
             with scope:
-                if call is None:
-                    params = methods.decode(params_type, request)
-                    call = functools.partial(handler, self.supervisor, params)
-                result = await call()
+                result = await (call() if call is not None else self._dispatch(request))
                 return Reply(id=request.id, result=result)
         except ToolsdError as e:
             return _error(request.id, e.code, e.message)
@@ -308,6 +297,15 @@ class Connection:
                 del self.in_flight[request.id]
         # Only reached when our scope swallowed a cancellation, i.e. a `cancel` request.
         return _error(request.id, CANCELLED, f"request {request.id} was cancelled")
+
+    async def _dispatch(self, request: Request) -> object:
+        """The result of `request` from its method's handler."""
+        entry = methods.METHODS.get(request.method)
+        if entry is None:
+            raise ToolsdError(UNKNOWN_METHOD, f"unknown method {request.method!r}; known: "
+                              f"{', '.join(sorted(methods.METHODS) + ['cancel'])}")
+        params_type, handler = entry
+        return await handler(self.supervisor, methods.decode(params_type, request))
 
     def cancel(self, request: Request) -> Reply:
         try:
