@@ -37,8 +37,11 @@ def sandbox_of(daemon, client, session) -> int:
     marker = f"sleep 1000.{time.monotonic_ns()}"  # found on the host by its command line
     bg = client.process_start(session, marker)["id"]
     try:
-        wait_for(lambda: daemon.running(marker))
-        (proc,) = [p for p in daemon.running(marker) if p.name() == "sleep"]
+        # bash execs sleep: until it has, the command line matches a bash.
+        def sleeps():
+            return [p for p in daemon.running(marker) if p.name() == "sleep"]
+        wait_for(sleeps)
+        (proc,) = sleeps()
         outer = {p.pid for p in sandboxes(daemon)}
         for ancestor in proc.parents():
             if ancestor.pid in outer:
