@@ -1,0 +1,56 @@
+"""What every model adapter offers the turn loop, whatever its wire.
+
+An adapter (`openai.py`, `anthropic.py`, `scripted.py`) turns a `ModelRequest` into the
+provider's request (through `agent/providers.py`), sends it, and assembles the reply, calling
+`on_text` with the text as it streams. Errors a person must act on (wrong URL, key, model)
+raise `ModelError` with a one-line message; transient ones are retried inside the adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import msgspec
+
+from agent.history import ImageRef, LoadedImage, ModelRequest, ToolCall
+
+
+class Usage(msgspec.Struct, frozen=True):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class ModelReply(msgspec.Struct, frozen=True):
+    """`stop`: "end" (the model finished), "tool_use" (it asked for tools), "max_tokens" (cut
+    off), or the provider's own word where none of these fits. Tool calls are found by their
+    presence, never by `stop` alone."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] = []
+    stop: str = "end"
+    usage: Usage = Usage()
+
+
+class ModelError(Exception):
+    """A model request failed for good; the message is one line that says what to do."""
+
+
+class ContextBudget(msgspec.Struct, frozen=True):
+    """How many tokens the route takes; `guessed` when no config or provider said so."""
+
+    tokens: int
+    guessed: bool = False
+
+
+class Model(Protocol):
+    name: str
+
+    def context_budget(self) -> ContextBudget: ...
+
+    async def complete(
+        self,
+        request: ModelRequest,
+        images: Mapping[ImageRef, LoadedImage],
+        on_text: Callable[[str], None] | None = None,
+    ) -> ModelReply: ...
