@@ -40,7 +40,7 @@ class RunningDaemon:
     spare (tests/test_warm_spare.py tests it)."""
 
     def __init__(self, root: str, extra_args: tuple[str, ...] = (), env: dict | None = None,
-                 warm_spare: bool = False):
+                 warm_spare: bool = False, prefix: tuple[str, ...] = ()):
         self.root = root
         self.socket = os.path.join(root, "run", "toolsd.sock")
         self.state_dir = os.path.join(root, "state")
@@ -57,6 +57,7 @@ class RunningDaemon:
         self.env["HOME"] = self.home
         self.env.update(env or {})
         self.extra_args = (*extra_args, *(() if warm_spare else ("--no-warm-spare",)))
+        self.prefix = prefix  # a command that ends by exec'ing the daemon's argv after it
         self.proc: subprocess.Popen | None = None
         self.log_path = os.path.join(root, "daemon.log")
 
@@ -64,7 +65,7 @@ class RunningDaemon:
         STARTED.append(self)
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toolsd", "serve", "--socket", self.socket,
+            [*self.prefix, sys.executable, "-m", "toolsd", "serve", "--socket", self.socket,
              "--state-dir", self.state_dir, *self.extra_args],
             stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, env=self.env)
         # The daemon prints its first line once the socket accepts: wait on that, not a sleep.

@@ -287,6 +287,11 @@ def test_limits_as_rlimits():
         "RLIMIT_CORE": (0, 0),
     }
     assert Limits().rlimits()["RLIMIT_AS"] == (4096 * 2**20,) * 2
+    # A session whose memory a cgroup limits has no address-space limit, the rest unchanged.
+    without = Limits(memory_mb=100).rlimits(address_space=False)
+    assert "RLIMIT_AS" not in without
+    assert without == {k: v for k, v in Limits(memory_mb=100).rlimits().items()
+                       if k != "RLIMIT_AS"}
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "10", None])

@@ -249,6 +249,20 @@ class HeadTail:
         left_out = self.total - head_bytes - tail_bytes
         return head_text + template.format(left_out) + tail_text, True
 
+    def result_with(self, notice: str) -> tuple[str, bool]:
+        """As result(), with the line `notice` (if any, and if it fits) last, all within
+        max_chars. Call it once: it spends the notice's room from max_chars."""
+        if not notice:
+            return self.result()
+        budget = self.max_chars - len(notice) - 1
+        if budget < 0:
+            return self.result()
+        self.max_chars = budget  # the bytes kept suffice for any smaller budget
+        text, truncated = self.result()
+        if text and not text.endswith("\n"):
+            text += "\n"  # budget kept room for it
+        return text + notice, truncated
+
 
 def clip(data: bytes, max_chars: int) -> tuple[str, bool]:
     """`data` rendered within max_chars as HeadTail would: (output, truncated)."""

@@ -77,7 +77,7 @@ EXIT_DRAIN_S = 0.1
 
 class BackgroundProcess:
     def __init__(self, process_id: str, session, command: str, name: str, job,
-                 log_file: CappedLog):
+                 log_file: CappedLog, oom_kills_before: int | None = None):
         self.id = process_id
         self.session = session
         self.command = command
@@ -95,6 +95,7 @@ class BackgroundProcess:
         self.finished = trio.Event()  # exited, and its last output read (or drain time over)
         self._changed = trio.Event()
         self._forgotten = trio.Event()  # dropped from the registry: the task may end
+        self._oom_kills_before = oom_kills_before  # the session's, as it started
         self._cpu_samples: dict[int, tuple[psutil.Process, float, float]] = {}
 
     # ------------------------------------------------------------ state
@@ -149,6 +150,11 @@ class BackgroundProcess:
         self._notify()
         with trio.move_on_after(EXIT_DRAIN_S):
             await self.output_done.wait()
+        note = self.session.memory_note(self._oom_kills_before)
+        if note:
+            # In its output, where a reader (and `toolsd logs`) meets it right at the end.
+            last, _, _ = self.ring.read(self.ring.end - 1, 1) if self.ring.end else (b"\n", 0, 0)
+            self.feed((b"" if last == b"\n" else b"\n") + note.encode() + b"\n")
         self.finished.set()
         self._notify()
 
@@ -292,6 +298,7 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
         raise ToolsdError(IO_ERROR, f"process.start: cannot create the log file in "
                           f"{supervisor.state.logs} ({e.strerror}); free disk space or fix "
                           f"the state folder's permissions") from None
+    oom_kills = session.oom_kills()
     try:
         job, read_fd = await spawn_with_pipe(session, [shell_path, "-c", p.command], cwd=cwd,
                                              env=env)
@@ -310,7 +317,7 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
         _remove_log(log_file, process_id)
         raise ToolsdError(SESSION_CLOSED, f"process.start: session {session.id} was closed "
                           f"while the command started; open a new session")
-    proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file)
+    proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file, oom_kills)
     supervisor.processes[process_id] = proc
     session.processes[process_id] = proc
     forget_oldest_finished(supervisor)

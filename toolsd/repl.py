@@ -40,6 +40,7 @@ is released by whatever ends it (see _Run).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
@@ -381,10 +382,13 @@ class _Interpreter:
         self._pump_scope = trio.CancelScope()
         self._killing = False
         self._killed = trio.Event()
+        self.out_of_memory = lambda: False  # see start
+        self.memory_mb = 0
 
     @classmethod
     async def start(cls, session, argv: list[str], idle_sink) -> _Interpreter:
         cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
+        oom_kills = session.oom_kills()
         try:
             job, read_fd = await spawn_with_pipe(session, argv, cwd=session.workspace,
                                                  env=session.env, extra_fds=[cmd_r])
@@ -394,6 +398,9 @@ class _Interpreter:
         finally:
             os.close(cmd_r)  # the interpreter holds the only copy: its exit gives EPIPE
         self = cls(job, cmd_w, idle_sink)
+        # Whether the session met its memory limit while this interpreter lived.
+        self.out_of_memory = functools.partial(session.memory_limit_hit, oom_kills)
+        self.memory_mb = session.limits.memory_mb
         os.set_blocking(cmd_w, False)
         session.nursery.start_soon(self._pump, read_fd)
         session.nursery.start_soon(self._watch)
@@ -412,6 +419,9 @@ class _Interpreter:
     def how_it_ended(self) -> str:
         if self.job.lost:
             return "the sandbox's launcher went away"
+        if self.job.signal is not None and self.out_of_memory():
+            return (f"killed by {signal_name(self.job.signal)}: the session's memory limit "
+                    f"({self.memory_mb} MB) was reached, and the kernel's OOM killer ended it")
         if self.job.signal is not None:
             return f"killed by {signal_name(self.job.signal)}"
         if self.job.exit_code is not None:
@@ -569,13 +579,4 @@ class _Interpreter:
 
 def _render(out: HeadTail, notice: str) -> tuple[str, bool]:
     """The output within max_output_chars, the notice line (if any, and if it fits) last."""
-    if not notice:
-        return out.result()
-    budget = out.max_chars - len(notice) - 1
-    if budget < 0:
-        return out.result()
-    out.max_chars = budget  # HeadTail keeps enough bytes for any smaller budget
-    text, truncated = out.result()
-    if text and not text.endswith("\n"):
-        text += "\n"  # budget kept room for it
-    return text + notice, truncated
+    return out.result_with(notice)

@@ -38,10 +38,11 @@ _SYSTEM_MOUNTS = ("/dev", "/proc")
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-process resource limits of a session's commands (server defaults; session.open
-    may override each)."""
+    """Resource limits of a session (server defaults; session.open may override each). Where
+    the session has a memory cgroup, memory_mb is its total; otherwise each process's
+    RLIMIT_AS. pids: a pids cgroup where there is one, and RLIMIT_NPROC."""
 
-    memory_mb: int = 4096  # RLIMIT_AS
+    memory_mb: int = 4096
     pids: int = 512  # RLIMIT_NPROC: per user, and never enforced for root (see docs/sandbox.md)
     cpu_s: int = 3600  # RLIMIT_CPU, per process
     file_mb: int = 1024  # RLIMIT_FSIZE
@@ -54,12 +55,14 @@ class Limits:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"limit {name} must be a positive integer, got {value!r}")
 
-    def rlimits(self) -> dict[str, tuple[int, int]]:
+    def rlimits(self, *, address_space: bool = True) -> dict[str, tuple[int, int]]:
         """{resource name: (soft, hard)}, names as in the `resource` module. Soft equals hard
-        so sandboxed code cannot raise its own limit back."""
+        so sandboxed code cannot raise its own limit back. `address_space=False` leaves out
+        RLIMIT_AS, for a session whose memory a cgroup limits: an address-space limit breaks
+        runtimes that reserve more than they use (docs/sandbox.md, "Limits")."""
         mib = 1024 * 1024
         pairs = {
-            "RLIMIT_AS": self.memory_mb * mib,
+            **({"RLIMIT_AS": self.memory_mb * mib} if address_space else {}),
             "RLIMIT_NPROC": self.pids,
             "RLIMIT_CPU": self.cpu_s,
             "RLIMIT_FSIZE": self.file_mb * mib,

@@ -91,9 +91,8 @@ class Session:
         self.limits = sandbox.Limits(**{
             k: (v if v is not None else getattr(defaults, k)) for k, v in given.items()
         }, nofile=defaults.nofile)
-        # The launcher names limits as setrlimit's man page does ("as", "nproc").
-        self.rlimits = {name.removeprefix("RLIMIT_").lower(): value
-                        for name, value in self.limits.rlimits().items()}
+        # Without a memory cgroup (see run), RLIMIT_AS instead.
+        self._set_rlimits(memory_cgroup="memory" in supervisor.cgroup_places)
         self.sandbox_kind = supervisor.sandbox_kind
         if self.sandbox_kind == "none" and not self.writable:
             raise ToolsdError(SANDBOX_UNAVAILABLE, "writable: false needs the sandbox, and this "
@@ -103,7 +102,7 @@ class Session:
         self.processes: dict = {}  # bgN -> BackgroundProcess
         self.closed = False
         self.launcher: Launcher | None = None
-        self.cgroup: cgroups.PidsCgroup | None = None
+        self.cgroup: cgroups.SessionCgroups | None = None
         self.python_exe: str | None = None  # the real python3 of the sandbox, once asked
         self.nursery: trio.Nursery | None = None
         self._close_done = trio.Event()
@@ -133,6 +132,11 @@ class Session:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
 
     # ------------------------------------------------------------ lifecycle
+
+    def _set_rlimits(self, *, memory_cgroup: bool) -> None:
+        # The launcher names limits as setrlimit's man page does ("as", "nproc").
+        self.rlimits = {name.removeprefix("RLIMIT_").lower(): value for name, value
+                        in self.limits.rlimits(address_space=not memory_cgroup).items()}
 
     def policy(self) -> sandbox.Policy:
         home = os.path.expanduser("~")
@@ -248,12 +252,13 @@ class Session:
         """The session's task. Reports a start failure through `task_status.started(error)`
         rather than raising it, so the caller gets one plain ToolsdError."""
         os.makedirs(self.scratch, mode=0o700, exist_ok=True)
-        if self.supervisor.cgroup_root:
-            try:
-                self.cgroup = cgroups.PidsCgroup.create(
-                    self.supervisor.cgroup_root, self.id, self.limits.pids)
-            except OSError as e:
-                log.warning("session %s: no pids cgroup (%s); RLIMIT_NPROC only", self.id, e)
+        places = self.supervisor.cgroup_places
+        if places:
+            self.cgroup = cgroups.SessionCgroups.create(
+                places, self.id, pids=self.limits.pids, memory_mb=self.limits.memory_mb)
+            if "memory" in places and not self.cgroup.limits("memory"):
+                log.warning("session %s: memory limited by RLIMIT_AS instead", self.id)
+                self._set_rlimits(memory_cgroup=False)
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
@@ -317,6 +322,29 @@ class Session:
         if self.closed or (self.launcher is not None and not self.launcher.alive):
             raise ToolsdError(SESSION_CLOSED, f"session {self.id} is closed or its sandbox died; "
                               f"open a new session")
+
+    # ------------------------------------------------------------ memory
+
+    def oom_kills(self) -> int | None:
+        """The session's count of processes ended by the kernel's OOM killer (None without a
+        memory cgroup): take it before a call, and `memory_note` says afterwards whether
+        the call met the memory limit."""
+        return self.cgroup.oom_kills() if self.cgroup is not None else None
+
+    def memory_limit_hit(self, oom_kills_before: int | None) -> bool:
+        """Whether the OOM killer ended a process of the session since `oom_kills_before`
+        was taken."""
+        now = self.oom_kills()
+        return oom_kills_before is not None and now is not None and now > oom_kills_before
+
+    def memory_note(self, oom_kills_before: int | None) -> str:
+        """A line saying that the session's memory limit was reached, if the OOM killer
+        ended a process of the session since `oom_kills_before` was taken; else ""."""
+        if not self.memory_limit_hit(oom_kills_before):
+            return ""
+        return (f"[the session's memory limit ({self.limits.memory_mb} MB) was reached: the "
+                f"kernel's OOM killer ended a process of the session with SIGKILL while this "
+                f"ran; use less memory, or open the session with a larger limits.memory_mb]")
 
     # ------------------------------------------------------------ turns
 

@@ -117,6 +117,7 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
     session.check_open()
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
+    oom_kills = session.oom_kills()
     shell_name, shell_path = session.shell
     started = time.monotonic()
     job, read_fd = await spawn_with_pipe(session, [shell_path, "-c", p.command], cwd=cwd, env=env,
@@ -125,7 +126,7 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
     # wakes it, and that is no reason to answer later.
     answer = answers.current()
     try:
-        return await _finish(session, job, read_fd, p, shell_name, started)
+        return await _finish(session, job, read_fd, p, shell_name, started, oom_kills)
     finally:
         if answer is None:
             job.let_go()
@@ -134,8 +135,9 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
 
 
 async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str,
-                  started: float) -> ShellRunResult:
-    """Collect the output and the end of a shell.run's command, ending what it leaves."""
+                  started: float, oom_kills: int | None) -> ShellRunResult:
+    """Collect the output and the end of a shell.run's command, ending what it leaves.
+    `oom_kills`: the session's count before the command started (Session.memory_note)."""
     out = HeadTail(p.max_output_chars)
     timed_out = False
     orphans = 0
@@ -178,7 +180,7 @@ async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str
         raise ToolsdError(SESSION_CLOSED, f"session {session.id}'s sandbox ended while the "
                           f"command ran ({session.launcher.death_reason()}); open a new "
                           f"session")
-    output, truncated = out.result()
+    output, truncated = out.result_with(session.memory_note(oom_kills))
     return ShellRunResult(
         exit_code=job.exit_code,
         signal=signal_name(job.signal),

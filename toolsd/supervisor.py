@@ -89,12 +89,19 @@ class Supervisor:
         self._spares_made = 0
         self.host_shells = [s for s in ("bash", "sh") if shutil.which(s)]
         self.host_languages = ["python"] + (["node"] if shutil.which("node") else [])
-        self.cgroup_root, why_no_cgroup = cgroups.find_root()
-        if self.cgroup_root is None:
+        self.cgroup_places, why_no_cgroup = cgroups.find_places()
+        if "pids" not in self.cgroup_places:
             log.warning("sessions' process counts are limited by RLIMIT_NPROC only, which does "
-                        "not bind root: %s", why_no_cgroup)
+                        "not bind root: %s", why_no_cgroup["pids"])
+        if "memory" in self.cgroup_places:
+            log.info("sessions' memory: a memory cgroup per session under %s (limits.memory_mb "
+                     "is a session's total)", self.cgroup_places["memory"].folder)
         else:
-            cgroups.remove_stale(self.cgroup_root)
+            log.warning("sessions' memory is limited by RLIMIT_AS (address space, per process) "
+                        "only, under which WebAssembly, Go, the JVM and sanitizers may fail: %s",
+                        why_no_cgroup["memory"])
+        for folder in {place.folder for place in self.cgroup_places.values()}:
+            cgroups.remove_stale(folder)
 
     @property
     def sandbox_kind(self) -> str:
