@@ -36,15 +36,18 @@ class _Connection(Protocol):
 class Detached:
     """A request in flight with no task. Whoever started it sets `rest`: the coroutine
     function that finishes the request in a task, from any point, returning its result or
-    raising as a handler does, and running within the request's cancel scope."""
+    raising as a handler does, and running within the request's cancel scope. `answer` is
+    its Answer, whoever answers: work given to `answer.after` runs once it is answered here,
+    or by the task it was handed to."""
 
-    __slots__ = ("_connection", "request", "scope", "rest", "_over")
+    __slots__ = ("_connection", "request", "scope", "rest", "answer", "_over")
 
     def __init__(self, connection: _Connection, request, scope: trio.CancelScope):
         self._connection = connection
         self.request = request  # protocol.Request
         self.scope = scope
         self.rest: Callable[[], Awaitable[object]] | None = None
+        self.answer = Answer(request.id)
         self._over = False  # answered, or handed to a task
 
     def finish(self, result: object) -> bool:
@@ -54,6 +57,7 @@ class Detached:
             return False
         self._over = True
         self._connection.finish_detached(self, result)
+        self.answer.run_after()
         return True
 
     def escalate(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from .client import Client, ToolsdError
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warm-spare", dest="warm_spare", action="store_false",
                    help="do not keep a sandbox started ahead for the next session.open "
                         "(it makes session.open some 40 ms quicker, for ~30 MB held)")
+    p.add_argument("--idle-timeout", type=duration, metavar="DURATION",
+                   help="close a session after this long with no call and no running process "
+                        "(90s, 30m, 2h, or seconds; default: never)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_serve)
 
@@ -75,6 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
 _extra_commands: list = []
 
 
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """Seconds from `90`, `90s`, `1.5m`, `30m`, `2h`, `1d` (argparse raises the message)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", text.lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: give seconds (90) or a number with s, m, h or d "
+            f"(90s, 30m, 2h)")
+    seconds = float(match[1]) * _UNITS[match[2]]
+    if seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is too long to be a duration")
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not more than zero; leave the option out to keep idle sessions open")
+    return seconds
+
+
 def socket_of(args) -> str:
     return resolve_socket_path(getattr(args, "socket", None))
 
@@ -98,6 +121,7 @@ def cmd_serve(args) -> int:
         hidden=tuple(os.path.abspath(h) for h in args.hide),
         limits=Limits(),
         warm_spare=args.warm_spare,
+        idle_timeout_s=args.idle_timeout,
     )
     try:
         daemon.run(config)
@@ -121,8 +145,9 @@ def cmd_status(args) -> int:
     print(f"sessions: {len(sessions)}")
     for s in sessions:
         mode = "rw" if s["writable"] else "ro"
+        dead = "" if s.get("alive", True) else "  DEAD (its sandbox died)"
         print(f"  {s['session']}  {s['workspace']}  {s['sandbox']}  net={s['network']}  {mode}  "
-              f"processes={s['processes']}  repls={s['repls']}")
+              f"processes={s['processes']}  repls={s['repls']}{dead}")
     return 0
 
 

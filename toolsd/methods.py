@@ -2,10 +2,14 @@
 
 Each handler takes the Supervisor and the decoded params Struct and returns a result Struct;
 it raises ToolsdError for a reply with an error code. `cancel` is the server's own (it is about
-the connection, not the sessions).
+the connection, not the sessions). A call that names a session or one of its processes runs
+inside `session.call()`, which keeps the session from counting as idle; the listings
+(session.list, process.list) are looks from outside and do not.
 """
 
 from __future__ import annotations
+
+import trio
 
 from . import images, processes, repl, shell
 from .protocol import (
@@ -60,37 +64,47 @@ async def session_list(sup, p: SessionListParams) -> SessionListResult:
         SessionInfo(session=s.id, workspace=s.workspace, sandbox=s.sandbox_kind,
                     network=s.network, writable=s.writable,
                     processes=sum(1 for bg in s.processes.values() if bg.running),
-                    repls=sum(len(t.repls) for t in s.turns.values()), opened_at=s.opened_at)
+                    repls=sum(len(t.repls) for t in s.turns.values()), opened_at=s.opened_at,
+                    alive=s.alive)
         for s in sup.sessions.values() if not s.closed
     ])
 
 
 async def turn_begin(sup, p: SessionParams) -> TurnBeginResult:
-    return TurnBeginResult(turn=sup.session(p.session).begin_turn())
+    with sup.session(p.session).call() as session:
+        return TurnBeginResult(turn=session.begin_turn())
 
 
 async def turn_end(sup, p: TurnEndParams) -> TurnEndResult:
-    return TurnEndResult(repls_stopped=await sup.session(p.session).end_turn(p.turn))
+    with sup.session(p.session).call() as session:
+        return TurnEndResult(repls_stopped=await session.end_turn(p.turn))
 
 
 async def shell_run(sup, p: ShellRunParams):
-    return await shell.run(sup.session(p.session), p)
+    with sup.session(p.session).call() as session:
+        return await shell.run(session, p)
 
 
 async def repl_exec(sup, p: ReplExecParams):
-    return await repl.execute(sup.session(p.session), p)
+    with sup.session(p.session).call() as session:
+        return await repl.execute(session, p)
 
 
 async def process_start(sup, p: ProcessStartParams):
-    return await processes.start(sup, sup.session(p.session), p)
+    with sup.session(p.session).call() as session:
+        return await processes.start(sup, session, p)
 
 
 async def process_output(sup, p: ProcessOutputParams):
-    return await processes.output(sup.process(p.id), p)
+    proc = sup.process(p.id)
+    with proc.session.call():
+        return await processes.output(proc, p)
 
 
 async def process_stop(sup, p: ProcessStopParams):
-    return await processes.stop(sup.process(p.id), p)
+    proc = sup.process(p.id)
+    with proc.session.call():
+        return await processes.stop(proc, p)
 
 
 async def process_list(sup, p: ProcessListParams):
@@ -98,7 +112,8 @@ async def process_list(sup, p: ProcessListParams):
 
 
 async def image_read(sup, p: ImageReadParams):
-    return await images.read(sup.session(p.session), p)
+    with sup.session(p.session).call() as session:
+        return await images.read(session, p)
 
 
 METHODS = {
@@ -119,7 +134,24 @@ METHODS = {
 
 
 def repl_exec_detached(sup, p: ReplExecParams, detached) -> bool:
-    return repl.start_detached(sup.session(p.session), p, detached)
+    session = sup.session(p.session)
+
+    def end() -> None:
+        session.activity.end(trio.current_time())
+
+    # The call is the session's activity until it is answered, by whoever answers it. Not
+    # taken, the request runs the usual way (under session.call), and its Detached with
+    # this hook is dropped.
+    session.activity.begin()
+    detached.answer.after(end)
+    try:
+        started = repl.start_detached(session, p, detached)
+    except BaseException:
+        end()
+        raise
+    if not started:
+        end()
+    return started
 
 
 # Methods that can run without a task of their own (answers.Detached, where the why is):

@@ -320,6 +320,7 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
     proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file, oom_kills)
     supervisor.processes[process_id] = proc
     session.processes[process_id] = proc
+    session.keep_active(job)
     forget_oldest_finished(supervisor)
     session.nursery.start_soon(proc.watch, read_fd)
     return ProcessStartResult(id=process_id, pid=job.pid)

@@ -136,6 +136,7 @@ class SessionInfo(Struct):
     processes: int
     repls: int
     opened_at: float
+    alive: bool = True  # 1.1: false once the session's sandbox died
 
 
 class SessionListResult(Struct):

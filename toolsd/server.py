@@ -226,7 +226,8 @@ class Connection:
     def escalate(self, detached: answers.Detached) -> None:
         """Give a request that has no task one, to run `detached.rest` and answer."""
         del self.detached[detached.request.id]
-        self._nursery.start_soon(self.handle, detached.request, detached.scope, detached.rest)
+        self._nursery.start_soon(self.handle, detached.request, detached.scope, detached.rest,
+                                 detached.answer)
 
     async def _decode(self, body: bytes) -> Request | None:
         """The request in a frame; None (and the connection refused) if it is not one."""
@@ -248,9 +249,11 @@ class Connection:
                       f"another connection")
 
     async def handle(self, request: Request, scope: trio.CancelScope | None,
-                     call=None) -> None:
-        """Run `request` (or, for a detached one handed over, `call()`) and answer it."""
-        answer = answers.Answer(request.id)
+                     call=None, answer: answers.Answer | None = None) -> None:
+        """Run `request` (or, for a detached one handed over, `call()` and its `answer`)
+        and answer it."""
+        if answer is None:
+            answer = answers.Answer(request.id)
         token = answers.serving(answer)
         try:
             if request.method == "cancel":

@@ -7,6 +7,7 @@ sandbox (its pid namespace takes anything left), removes the scratch /tmp, and e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -75,6 +76,32 @@ class Turn:
         self.repls: dict = {}  # language -> Repl
 
 
+class Activity:
+    """What keeps a session from counting as idle (`toolsd serve --idle-timeout`): a call
+    that names it, or one of its processes, in flight (a repl.exec included, with or without
+    a task of its own), and a background process whose tree has not ended. Idle time counts
+    from the end of the last of these (or from the session's opening). No I/O: the caller
+    gives the time (trio.current_time)."""
+
+    def __init__(self, now: float):
+        self.busy = 0  # calls in flight and background trees alive
+        self.since = now  # when the last of them ended
+
+    def begin(self) -> None:
+        self.busy += 1
+
+    def end(self, now: float) -> None:
+        self.busy -= 1
+        self.since = max(self.since, now)
+
+    def restart(self, now: float) -> None:
+        """As if the session had just opened (a warm spare handed out)."""
+        self.since = now
+
+    def idle_for(self, now: float) -> float:
+        return 0.0 if self.busy else max(0.0, now - self.since)
+
+
 class Session:
     def __init__(self, session_id: str, supervisor, params):
         self.id = session_id
@@ -101,6 +128,7 @@ class Session:
         self.turns: dict[str, Turn] = {}
         self.processes: dict = {}  # bgN -> BackgroundProcess
         self.closed = False
+        self.activity = Activity(trio.current_time())
         self.launcher: Launcher | None = None
         self.cgroup: cgroups.SessionCgroups | None = None
         self.python_exe: str | None = None  # the real python3 of the sandbox, once asked
@@ -241,6 +269,7 @@ class Session:
         their names)."""
         self.id = session_id
         self.opened_at = time.time()
+        self.activity.restart(trio.current_time())
 
     def wrapper(self) -> list[str]:
         prefix = self.cgroup.join_argv() if self.cgroup else []
@@ -319,9 +348,43 @@ class Session:
         if self.ended_why is not None:
             raise ToolsdError(SESSION_CLOSED, f"session {self.id} was ended: "
                               f"{self.ended_why}; open a new session")
-        if self.closed or (self.launcher is not None and not self.launcher.alive):
-            raise ToolsdError(SESSION_CLOSED, f"session {self.id} is closed or its sandbox died; "
-                              f"open a new session")
+        if self.closed:
+            raise ToolsdError(SESSION_CLOSED, f"session {self.id} is closed; open a new session")
+        if self.launcher is not None and not self.launcher.alive:
+            raise ToolsdError(SESSION_CLOSED, f"session {self.id}'s sandbox has died (the "
+                              f"daemon's log says why; session.list shows it as alive: false); "
+                              f"close it and open a new session")
+
+    @property
+    def alive(self) -> bool:
+        """False once the session's sandbox died (killed from the host or from inside, or by
+        the kernel), asked now; a closed session is not alive either."""
+        return (not self.closed and self.ended_why is None and self.launcher is not None
+                and not self.launcher.gone_now())
+
+    # ------------------------------------------------------------ activity
+
+    @contextlib.contextmanager
+    def call(self):
+        """A call naming the session (or one of its processes) runs: the session is not
+        idle meanwhile (see Activity)."""
+        self.activity.begin()
+        try:
+            yield self
+        finally:
+            self.activity.end(trio.current_time())
+
+    def keep_active(self, job) -> None:
+        """The session is not idle until `job`'s whole tree has ended (a background process,
+        with whatever it left running)."""
+        self.activity.begin()
+        self.nursery.start_soon(self._active_until_done, job)
+
+    async def _active_until_done(self, job) -> None:
+        try:
+            await job.done.wait()
+        finally:
+            self.activity.end(trio.current_time())
 
     # ------------------------------------------------------------ memory
 

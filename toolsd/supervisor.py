@@ -34,11 +34,15 @@ class Config:
     hidden: tuple[str, ...] = ()  # more paths to hide from sessions (--hide)
     limits: Limits = Limits()
     warm_spare: bool = True  # keep a sandbox started ahead for the next session.open
+    # Close sessions idle for this long (--idle-timeout; see session.Activity); None: never.
+    idle_timeout_s: float | None = None
 
 
 # A warm spare unused for this long is closed: it would only hold memory, and what its
 # launcher found on PATH when it started grows stale.
 SPARE_MAX_AGE_S = 300.0
+# Why recently ended sessions ended, kept for calls that still name them: at most this many.
+ENDED_KEPT = 1000
 # How long after a session.open its spare is started: a new session's first commands come
 # right away, and a sandbox starting next to them on a small machine slows them down (the
 # first shell.run of a session took 8 ms instead of 4 here).
@@ -89,6 +93,7 @@ class Supervisor:
         self._spares_made = 0
         self.host_shells = [s for s in ("bash", "sh") if shutil.which(s)]
         self.host_languages = ["python"] + (["node"] if shutil.which("node") else [])
+        self._ended: dict[str, str] = {}  # session id -> why toolsd closed it by itself
         self.cgroup_places, why_no_cgroup = cgroups.find_places()
         if "pids" not in self.cgroup_places:
             log.warning("sessions' process counts are limited by RLIMIT_NPROC only, which does "
@@ -102,6 +107,10 @@ class Supervisor:
                         why_no_cgroup["memory"])
         for folder in {place.folder for place in self.cgroup_places.values()}:
             cgroups.remove_stale(folder)
+        if config.idle_timeout_s is not None:
+            log.info("sessions with no activity for %g s are closed (--idle-timeout)",
+                     config.idle_timeout_s)
+            nursery.start_soon(self._close_idle_sessions)
 
     @property
     def sandbox_kind(self) -> str:
@@ -210,6 +219,9 @@ class Supervisor:
 
     def session(self, session_id: str):
         session = self.sessions.get(session_id)
+        if session is None and session_id in self._ended:
+            raise ToolsdError(SESSION_CLOSED, f"session {session_id} {self._ended[session_id]}; "
+                              f"open a new session")
         if session is None:
             raise ToolsdError(NOT_FOUND, f"no session {session_id!r}; open one with session.open "
                               f"(session.list shows the open ones)")
@@ -223,6 +235,35 @@ class Supervisor:
         result = await session.close()
         self.sessions.pop(session_id, None)
         return result
+
+    # ------------------------------------------------------------ idle sessions
+
+    async def _close_idle_sessions(self) -> None:
+        """Close each session once it has had no activity (session.Activity) for
+        idle_timeout_s. Wakes when the next session could be due: activity only ever moves
+        a session's due time later, so nothing needs to wake it sooner."""
+        timeout = self.config.idle_timeout_s
+        while not self.closing:
+            now = trio.current_time()
+            wake = timeout
+            for session in list(self.sessions.values()):
+                idle = session.activity.idle_for(now)
+                if idle < timeout:
+                    wake = min(wake, timeout - idle)
+                elif not session.closed:
+                    self._forget(session.id, f"was closed after {idle:.0f} s without activity "
+                                 f"(toolsd serve --idle-timeout)")
+                    log.info("session %s closed: no call and no running process for %.1f s "
+                             "(--idle-timeout %g s)", session.id, idle, timeout)
+                    self.nursery.start_soon(session.close)
+            await trio.sleep(wake)
+
+    def _forget(self, session_id: str, why: str) -> None:
+        """Drop a session from the registry, keeping why for calls that still name it."""
+        self.sessions.pop(session_id, None)
+        self._ended[session_id] = why
+        while len(self._ended) > ENDED_KEPT:
+            del self._ended[next(iter(self._ended))]
 
     def process(self, process_id: str):
         proc = self.processes.get(process_id)
