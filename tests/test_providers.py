@@ -1,0 +1,274 @@
+"""One history rendered into each provider's request body, checked against the shapes their
+documentation gives:
+
+- Anthropic Messages: docs.anthropic.com/en/api/messages, .../build-with-claude/tool-use
+  (tool_use blocks; tool_result blocks first in the next user message), .../vision (base64
+  image source), .../prompt-caching (cache_control).
+- OpenAI chat completions: platform.openai.com/docs/api-reference/chat/create (system message,
+  assistant tool_calls with JSON-string arguments, `tool` messages with tool_call_id,
+  image_url content parts).
+- OpenAI Responses: platform.openai.com/docs/api-reference/responses/create (instructions,
+  function_call / function_call_output items, input_text / input_image, flat function tools).
+- Gemini generateContent: ai.google.dev/api/generate-content and .../function-calling
+  (systemInstruction, roles user/model, functionCall / functionResponse parts, inlineData,
+  tools[].functionDeclarations).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from agent.history import (
+    AssistantMessage,
+    ImageRef,
+    LoadedImage,
+    ModelRequest,
+    Summary,
+    Text,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    UserMessage,
+)
+from agent.providers import (
+    render_anthropic,
+    render_gemini,
+    render_openai_chat,
+    render_openai_responses,
+)
+
+PNG = b"\x89PNG\r\n\x1a\nfake"
+B64 = base64.b64encode(PNG).decode()
+SHOT = ImageRef("shot.png")
+SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+TOOL = ToolSpec("read_image", "Look at a picture.", SCHEMA, read_only=True)
+
+
+def conversation() -> ModelRequest:
+    return ModelRequest(
+        system="You are a coding agent.",
+        messages=[
+            UserMessage([Text("What is in shot.png?")]),
+            AssistantMessage("Let me look.", [ToolCall("call_1", "read_image",
+                                                       {"path": "shot.png"})]),
+            ToolResult("call_1", "read_image", "image attached below"),
+            UserMessage([Text("The image shot.png:"), SHOT], attachment=True),
+            AssistantMessage("A red square."),
+            UserMessage([Text("Thanks")]),
+        ],
+        tools=[TOOL],
+        max_tokens=1000,
+    )
+
+
+LOADED = {SHOT: LoadedImage("image/png", PNG, 4, 4)}
+GONE = {SHOT: LoadedImage(missing="no such file")}
+GONE_TEXT = ("[The image shot.png could not be attached: no such file. The file may have been "
+             "moved or deleted since it was read; read it again if you still need it.]")
+
+
+def test_anthropic_shape():
+    assert render_anthropic(conversation(), LOADED) == {
+        "system": [{"type": "text", "text": "You are a coding agent.",
+                    "cache_control": {"type": "ephemeral"}}],
+        "max_tokens": 1000,
+        "tools": [{"name": "read_image", "description": "Look at a picture.",
+                   "input_schema": SCHEMA}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is in shot.png?"}]},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "call_1", "name": "read_image",
+                 "input": {"path": "shot.png"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "call_1",
+                 "content": "image attached below"},
+                {"type": "text", "text": "The image shot.png:"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": B64}}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "A red square."}]},
+            {"role": "user", "content": [{"type": "text", "text": "Thanks",
+                                          "cache_control": {"type": "ephemeral"}}]},
+        ],
+    }
+
+
+def test_openai_chat_shape():
+    assert render_openai_chat(conversation(), LOADED) == {
+        "max_tokens": 1000,
+        "tools": [{"type": "function", "function": {
+            "name": "read_image", "description": "Look at a picture.", "parameters": SCHEMA}}],
+        "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "What is in shot.png?"},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "read_image", "arguments": '{"path":"shot.png"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "image attached below"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "The image shot.png:"},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{B64}"}}]},
+            {"role": "assistant", "content": "A red square."},
+            {"role": "user", "content": "Thanks"},
+        ],
+    }
+
+
+def test_openai_responses_shape():
+    assert render_openai_responses(conversation(), LOADED) == {
+        "instructions": "You are a coding agent.",
+        "max_output_tokens": 1000,
+        "store": False,
+        "tools": [{"type": "function", "name": "read_image", "description": "Look at a picture.",
+                   "parameters": SCHEMA, "strict": False}],
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "What is in shot.png?"}]},
+            {"role": "assistant", "content": "Let me look."},
+            {"type": "function_call", "call_id": "call_1", "name": "read_image",
+             "arguments": '{"path":"shot.png"}'},
+            {"type": "function_call_output", "call_id": "call_1",
+             "output": "image attached below"},
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "The image shot.png:"},
+                {"type": "input_image", "detail": "auto",
+                 "image_url": f"data:image/png;base64,{B64}"}]},
+            {"role": "assistant", "content": "A red square."},
+            {"role": "user", "content": [{"type": "input_text", "text": "Thanks"}]},
+        ],
+    }
+
+
+def test_gemini_shape():
+    assert render_gemini(conversation(), LOADED) == {
+        "systemInstruction": {"parts": [{"text": "You are a coding agent."}]},
+        "generationConfig": {"maxOutputTokens": 1000},
+        "tools": [{"functionDeclarations": [
+            {"name": "read_image", "description": "Look at a picture.", "parameters": SCHEMA}]}],
+        "contents": [
+            {"role": "user", "parts": [{"text": "What is in shot.png?"}]},
+            {"role": "model", "parts": [
+                {"text": "Let me look."},
+                {"functionCall": {"name": "read_image", "args": {"path": "shot.png"}}}]},
+            {"role": "user", "parts": [
+                {"functionResponse": {"name": "read_image",
+                                      "response": {"output": "image attached below"}}},
+                {"text": "The image shot.png:"},
+                {"inlineData": {"mimeType": "image/png", "data": B64}}]},
+            {"role": "model", "parts": [{"text": "A red square."}]},
+            {"role": "user", "parts": [{"text": "Thanks"}]},
+        ],
+    }
+
+
+def test_vanished_image_is_reported_as_text_in_every_shape():
+    anthropic = render_anthropic(conversation(), GONE)["messages"][2]["content"]
+    assert anthropic[2] == {"type": "text", "text": GONE_TEXT}
+    chat = render_openai_chat(conversation(), GONE)["messages"][4]
+    assert chat == {"role": "user", "content": f"The image shot.png:\n\n{GONE_TEXT}"}
+    responses = render_openai_responses(conversation(), GONE)["input"][4]["content"]
+    assert responses[1] == {"type": "input_text", "text": GONE_TEXT}
+    gemini = render_gemini(conversation(), GONE)["contents"][2]["parts"]
+    assert gemini[2] == {"text": GONE_TEXT}
+    for body in (render_anthropic(conversation(), GONE), render_openai_chat(conversation(), GONE),
+                 render_openai_responses(conversation(), GONE),
+                 render_gemini(conversation(), GONE)):
+        assert B64 not in json.dumps(body)
+
+
+def test_image_not_loaded_for_the_request_is_reported_not_dropped():
+    body = render_anthropic(conversation(), {})
+    assert body["messages"][2]["content"][2]["text"].startswith(
+        "[The image shot.png could not be attached: it was not loaded for this request.")
+
+
+def parallel_calls_with_image_between_results() -> ModelRequest:
+    """The loop appended the image right after its own call's result, before the next
+    result: no provider takes a user message between an assistant's tool results."""
+    return ModelRequest("", [
+        UserMessage([Text("look and list")]),
+        AssistantMessage("", [ToolCall("a", "read_image", {"path": "shot.png"}),
+                              ToolCall("b", "run_terminal", {"command": "ls"})]),
+        ToolResult("a", "read_image", "image attached below"),
+        UserMessage([Text("The image shot.png:"), SHOT], attachment=True),
+        ToolResult("b", "run_terminal", "exit 2: no such dir", is_error=True),
+    ])
+
+
+def test_image_rides_after_all_tool_results_never_inside_one():
+    req = parallel_calls_with_image_between_results()
+    last = render_anthropic(req, LOADED)["messages"][-1]
+    assert last["role"] == "user"
+    assert [b["type"] for b in last["content"]] == ["tool_result", "tool_result", "text",
+                                                    "image"]
+    assert [b.get("tool_use_id") for b in last["content"][:2]] == ["a", "b"]
+    assert last["content"][1]["is_error"] is True
+    assert all(isinstance(b["content"], str) for b in last["content"][:2])
+
+    chat = render_openai_chat(req, LOADED)["messages"]
+    assert [m["role"] for m in chat] == ["user", "assistant", "tool", "tool", "user"]
+    assert chat[1]["content"] is None
+    assert chat[3]["content"] == "Error: exit 2: no such dir"
+    assert chat[4]["content"][1]["type"] == "image_url"
+
+    items = render_openai_responses(req, LOADED)["input"]
+    assert [i.get("type", i.get("role")) for i in items] == [
+        "user", "function_call", "function_call", "function_call_output",
+        "function_call_output", "user"]
+    assert items[-1]["content"][1]["type"] == "input_image"
+
+    contents = render_gemini(req, LOADED)["contents"]
+    assert [c["role"] for c in contents] == ["user", "model", "user"]
+    parts = contents[-1]["parts"]
+    assert [next(iter(p)) for p in parts] == ["functionResponse", "functionResponse", "text",
+                                              "inlineData"]
+    assert parts[1]["functionResponse"]["response"] == {"error": "exit 2: no such dir"}
+
+
+def test_summary_is_a_user_message_saying_it_summarises_and_merges():
+    req = ModelRequest("", [Summary("Built the parser; tests pass."),
+                            UserMessage([Text("Now the CLI.")])])
+    expected_text = ("Summary of earlier work in this conversation (the older messages were "
+                     "replaced by it to save room):\nBuilt the parser; tests pass.")
+    anthropic = render_anthropic(req, {})["messages"]
+    assert len(anthropic) == 1 and anthropic[0]["role"] == "user"
+    assert anthropic[0]["content"][0] == {"type": "text", "text": expected_text}
+    assert anthropic[0]["content"][1]["text"] == "Now the CLI."
+    gemini = render_gemini(req, {})["contents"]
+    assert gemini == [{"role": "user", "parts": [{"text": expected_text},
+                                                 {"text": "Now the CLI."}]}]
+    chat = render_openai_chat(req, {})["messages"]
+    assert chat == [{"role": "user", "content": f"{expected_text}\n\nNow the CLI."}]
+    responses = render_openai_responses(req, {})["input"]
+    assert responses[0]["content"] == [{"type": "input_text", "text": expected_text}]
+    assert "instructions" not in render_openai_responses(req, {})
+
+
+def test_a_call_without_its_result_is_answered_and_a_stray_result_kept_as_text():
+    req = ModelRequest("", [
+        UserMessage([Text("go")]),
+        AssistantMessage("", [ToolCall("a", "run_terminal", {"command": "sleep 99"})]),
+        UserMessage([Text("stop that")]),
+        ToolResult("zz", "repl", "42"),
+    ])
+    chat = render_openai_chat(req, {})["messages"]
+    assert chat[2] == {"role": "tool", "tool_call_id": "a", "content": (
+        "Error: This call was not run: the turn ended before its result came back.")}
+    assert chat[3]["role"] == "user"
+    assert chat[3]["content"] == "stop that\n\n(Result of an earlier repl call, id zz:)\n42"
+    anthropic = render_anthropic(req, {})["messages"]
+    assert anthropic[2]["content"][0]["tool_use_id"] == "a"
+    assert anthropic[2]["content"][0]["is_error"] is True
+
+
+def test_empty_messages_and_outputs_are_not_sent_empty():
+    req = ModelRequest("", [
+        UserMessage([Text("run it")]),
+        AssistantMessage("", [ToolCall("a", "run_terminal", {"command": "true"})]),
+        ToolResult("a", "run_terminal", ""),
+        AssistantMessage(""),
+        UserMessage([Text("")]),
+    ])
+    messages = render_anthropic(req, {})["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[2]["content"][0]["content"] == "(no output)"
