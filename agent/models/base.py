@@ -54,3 +54,8 @@ class Model(Protocol):
         images: Mapping[ImageRef, LoadedImage],
         on_text: Callable[[str], None] | None = None,
     ) -> ModelReply: ...
+
+
+class ContextOverflow(ModelError):
+    """The server refused the request as larger than the model's context window: the turn
+    loop may compact the history and ask again."""
