@@ -13,6 +13,7 @@ import trio
 
 from . import images, processes, repl, shell
 from .protocol import (
+    FEATURES,
     CancelParams,
     HelloParams,
     HelloResult,
@@ -46,6 +47,7 @@ async def hello(sup, p: HelloParams) -> HelloResult:
         shells=sup.host_shells,
         languages=sup.host_languages,
         max_frame=sup.config.max_frame,
+        features=list(FEATURES),
     )
 
 

@@ -1,4 +1,4 @@
-"""The wire contract (../shared/PROTOCOL.md, version 1) as msgspec Structs.
+"""The wire contract (../shared/PROTOCOL.md, version 1 and its additive 1.1) as msgspec Structs.
 
 Every request's params and every result is a Struct here; the decoders are built once at import.
 New fields always get defaults: that is how the protocol grows without breaking clients.
@@ -14,6 +14,9 @@ from msgspec import Meta, Struct
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+# The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
+# the others is refused (UNBUILT below), never half-served.
+FEATURES = ("spill",)
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"
@@ -91,6 +94,7 @@ class HelloResult(Struct):
     shells: list[str]
     languages: list[str]
     max_frame: int
+    features: list[str]
 
 
 class Limits(Struct, frozen=True):
@@ -163,9 +167,11 @@ class ShellRunParams(Struct):
     timeout_s: Seconds = 120.0
     env: Env = {}
     max_output_chars: Chars = 30000
+    spill: bool = False
+    stream: bool = False  # 1.1 "stream", not built (UNBUILT)
 
 
-class ShellRunResult(Struct):
+class ShellRunResult(Struct, omit_defaults=True):
     exit_code: int | None
     signal: str | None
     timed_out: bool
@@ -175,6 +181,7 @@ class ShellRunResult(Struct):
     shell: str
     duration_s: float
     orphans_ended: int
+    output_file: str | None = None  # with `spill`, when the output was cut
 
 
 class ReplExecParams(Struct):
@@ -184,9 +191,11 @@ class ReplExecParams(Struct):
     language: Language = "python"
     timeout_s: Seconds = 60.0
     max_output_chars: Chars = 30000
+    spill: bool = False
+    stream: bool = False  # 1.1 "stream", not built (UNBUILT)
 
 
-class ReplExecResult(Struct):
+class ReplExecResult(Struct, omit_defaults=True):
     status: Literal["ok", "error", "timeout", "crashed"]
     output: str
     output_bytes: int
@@ -194,6 +203,7 @@ class ReplExecResult(Struct):
     fresh: bool
     state_lost: bool
     duration_s: float
+    output_file: str | None = None  # with `spill`, when the output was cut
 
 
 class ProcessStartParams(Struct):
@@ -202,6 +212,11 @@ class ProcessStartParams(Struct):
     cwd: str | None = None
     env: Env = {}
     name: str = ""
+    # 1.1 "tty" and "stdin", not built (UNBUILT)
+    tty: bool = False
+    cols: int = 120
+    rows: int = 40
+    stdin: str = "null"
 
 
 class ProcessStartResult(Struct):
@@ -215,6 +230,8 @@ class ProcessOutputParams(Struct):
     wait_s: NonNegSeconds = 0.0
     until: str | None = None
     max_output_chars: Chars = 30000
+    stream: bool = False  # 1.1 "stream", not built (UNBUILT)
+    plain: bool = False  # 1.1 "tty", not built (UNBUILT)
 
 
 class ProcessOutputResult(Struct):
@@ -305,17 +322,40 @@ reply_encoder = msgspec.msgpack.Encoder()
 _param_decoders: dict[type, msgspec.msgpack.Decoder] = {}
 
 
+# Params of 1.1 features not built here: field -> feature, per params Struct. Set to anything
+# but its default, such a field is refused with bad_params naming the feature, so a client
+# never takes a plain answer for the feature it asked for. A feature that gets built moves
+# from here to FEATURES.
+UNBUILT: dict[type, dict[str, str]] = {
+    ShellRunParams: {"stream": "stream"},
+    ReplExecParams: {"stream": "stream"},
+    ProcessOutputParams: {"stream": "stream", "plain": "tty"},
+    ProcessStartParams: {"tty": "tty", "cols": "tty", "rows": "tty", "stdin": "stdin"},
+}
+_UNBUILT_DEFAULTS = {
+    cls: [(f.name, f.default, fields[f.name]) for f in msgspec.structs.fields(cls)
+          if f.name in fields]
+    for cls, fields in UNBUILT.items()
+}
+
+
 def decode_params(cls: type[Struct], raw: msgspec.Raw, method: str) -> Struct:
     """Decode one request's params, or raise ToolsdError(bad_params) naming the field."""
     decoder = _param_decoders.get(cls)
     if decoder is None:
         decoder = _param_decoders[cls] = msgspec.msgpack.Decoder(cls)
     try:
-        return decoder.decode(raw)
+        params = decoder.decode(raw)
     except msgspec.ValidationError as e:
         raise ToolsdError(BAD_PARAMS, f"{method}: {_field_message(e)}") from None
     except (msgspec.DecodeError, RecursionError) as e:  # params is not even a map
         raise ToolsdError(BAD_PARAMS, f"{method}: params must be a map ({e})") from None
+    for name, default, feature in _UNBUILT_DEFAULTS.get(cls, ()):
+        if getattr(params, name) != default:
+            raise ToolsdError(BAD_PARAMS, f"{method}: params.{name} needs the protocol 1.1 "
+                              f"feature {feature!r}, which this daemon does not have (hello "
+                              f"lists its features: {', '.join(FEATURES)}); leave it out")
+    return params
 
 
 def _field_message(e: msgspec.ValidationError) -> str:

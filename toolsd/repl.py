@@ -56,6 +56,7 @@ from .protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, Too
 from .sentinel import Sentinel, SentinelScanner
 from .session import DRIVER_DIR
 from .shell import end_tree, pump, signal_name, spawn_with_pipe
+from .spill import tee
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]
 
@@ -84,7 +85,7 @@ async def execute(session, p: ReplExecParams) -> ReplExecResult:
             argv[0] = await python_executable(session, argv[0])
         repl = turn.repls.get(p.language)  # another call may have made it meanwhile
         if repl is None:
-            repl = turn.repls[p.language] = Repl(p.language, argv, turn.id)
+            repl = turn.repls[p.language] = Repl(p.language, argv, turn.id, session.spills)
     return await repl.execute(session, p)
 
 
@@ -136,10 +137,11 @@ class Repl:
     """The REPL of one (turn, language): serialises its requests and keeps one interpreter
     running, starting a new one when the last died or was killed."""
 
-    def __init__(self, language: str, argv: list[str], turn_id: str = ""):
+    def __init__(self, language: str, argv: list[str], turn_id: str = "", spills=None):
         self.language = language
         self.argv = argv
         self.turn_id = turn_id
+        self.spills = spills  # the session's, for requests with `spill`
         self.closed = False
         # One request at a time, in the order they came. A semaphore, not a lock: a request
         # without a task (start_detached) is ended by the task that reads its sentinel.
@@ -215,7 +217,7 @@ class Repl:
         except BaseException:
             self._lock.release()
             raise
-        interp.begin(run.line, run.out.feed)
+        interp.begin(run.line, run.feed)
         return run
 
     async def _run(self, run: _Run):
@@ -283,14 +285,14 @@ class Repl:
             self._late = Ring(LATE_BYTES)
         self._late.append(data)
 
-    def _take_late(self, out: HeadTail) -> int:
-        """Put output printed between requests at the head of `out`; returns the bytes of it
-        that were not kept."""
+    def _take_late(self, feed) -> int:
+        """Feed output printed between requests first to a request's `feed`; returns the
+        bytes of it that were not kept."""
         late, self._late = self._late, None
         if late is None:
             return 0
         data, _next, dropped = late.read(0, LATE_BYTES)
-        out.feed(data)
+        feed(data)
         return dropped
 
     async def aclose(self) -> bool:
@@ -319,7 +321,9 @@ class _Run:
         self.started = started
         self.line = msgspec.json.encode(p.code) + b"\n"
         self.out = HeadTail(p.max_output_chars)
-        self.late_dropped = repl._take_late(self.out)
+        self.spill = repl.spills.start(p.max_output_chars) if p.spill and repl.spills else None
+        self.feed = self.out.feed if self.spill is None else tee(self.out.feed, self.spill.feed)
+        self.late_dropped = repl._take_late(self.feed)
         self.deadline = trio.current_time() + p.timeout_s
         self.detached = None  # answers.Detached, for a request without a task
 
@@ -333,6 +337,7 @@ class _Run:
             fresh=self.fresh,
             state_lost=state_lost,
             duration_s=round(time.monotonic() - self.started, 6),
+            output_file=self.spill.finish(truncated) if self.spill is not None else None,
         )
 
     async def finish(self) -> ReplExecResult:
@@ -343,6 +348,8 @@ class _Run:
             return self.result(*await self.repl._run(self))
         finally:
             self.repl._lock.release()
+            if self.spill is not None:
+                self.spill.discard()  # a no-op once its result has it
 
     # Called by the interpreter, for a request without a task.
 

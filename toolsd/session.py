@@ -22,6 +22,7 @@ import trio
 from . import cgroups, sandbox
 from .launcher import Launcher, LauncherError
 from .protocol import BAD_PARAMS, NOT_FOUND, SANDBOX_UNAVAILABLE, SESSION_CLOSED, ToolsdError
+from .spill import Spills
 
 log = logging.getLogger("toolsd.session")
 
@@ -141,6 +142,9 @@ class Session:
         self._mounts_fd = -1  # the sandbox's /proc/PID/mountinfo (see check_guards)
         self._mounts_poll = None
         self.scratch = os.path.join(supervisor.state.scratch, session_id)
+        # The scratch folder is the sandbox's /tmp.
+        self.spills = Spills(self.scratch, self.scratch if supervisor.bwrap is None else "/tmp",
+                             self.limits.file_mb << 20)
         self.env = sandbox.sandbox_env(
             home=os.path.expanduser("~"),
             path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),

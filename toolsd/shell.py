@@ -25,6 +25,7 @@ from .protocol import (
     ShellRunResult,
     ToolsdError,
 )
+from .spill import tee
 
 # After the command exits (and its leftovers are ended) we read what is already in the pipe for
 # at most this long: enough to drain a full pipe, short enough that a descriptor smuggled out of
@@ -125,9 +126,12 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
     # The shim goes back to the launcher's standbys once the answer is out: letting it go
     # wakes it, and that is no reason to answer later.
     answer = answers.current()
+    spill = session.spills.start(p.max_output_chars) if p.spill else None
     try:
-        return await _finish(session, job, read_fd, p, shell_name, started, oom_kills)
+        return await _finish(session, job, read_fd, p, shell_name, started, oom_kills, spill)
     finally:
+        if spill is not None:
+            spill.discard()  # a no-op once its result has it
         if answer is None:
             job.let_go()
         else:
@@ -135,10 +139,11 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
 
 
 async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str,
-                  started: float, oom_kills: int | None) -> ShellRunResult:
+                  started: float, oom_kills: int | None, spill) -> ShellRunResult:
     """Collect the output and the end of a shell.run's command, ending what it leaves.
     `oom_kills`: the session's count before the command started (Session.memory_note)."""
     out = HeadTail(p.max_output_chars)
+    sink = out.feed if spill is None else tee(out.feed, spill.feed)
     timed_out = False
     orphans = 0
     try:
@@ -147,7 +152,7 @@ async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str
 
             async def read_all():
                 try:
-                    await pump(read_fd, out.feed)
+                    await pump(read_fd, sink)
                 finally:
                     reader_done.set()
 
@@ -191,6 +196,7 @@ async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str
         shell=shell_name,
         duration_s=round(time.monotonic() - started, 6),
         orphans_ended=orphans,
+        output_file=spill.finish(truncated) if spill is not None else None,
     )
 
 

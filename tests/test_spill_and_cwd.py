@@ -1,0 +1,144 @@
+"""Protocol 1.1 "spill" and "cwd" through a real daemon: the whole output kept in a file when the
+answer cuts it, and the shell's folder reported in a way its output cannot forge."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from conftest import RunningDaemon, module_daemon as shared_daemon, needs_bwrap
+from test_no_sandbox import path_without_bwrap
+from toolsd.client import ToolsdError
+
+pytestmark = needs_bwrap
+
+# Output that no small budget holds, with bytes that are not UTF-8 in it.
+BINARY = "import sys; sys.stdout.buffer.write(bytes(range(256)) * 4000)"
+BINARY_BYTES = bytes(range(256)) * 4000
+
+
+@pytest.fixture(scope="module")
+def module_daemon():
+    yield from shared_daemon()
+
+
+@pytest.fixture
+def workspace(module_daemon):
+    path = tempfile.mkdtemp(prefix="ws-", dir=module_daemon.root)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def client(module_daemon):
+    with module_daemon.client() as c:
+        yield c
+
+
+@pytest.fixture
+def session(client, workspace):
+    s = client.session_open(workspace)["session"]
+    yield s
+    client.session_close(s)
+
+
+def sha256_in_session(client, session, path: str) -> str:
+    return client.shell_run(session, f"sha256sum {path}")["output"].split()[0]
+
+
+def test_hello_lists_the_features_built(client):
+    assert client.hello()["features"] == ["spill"]
+
+
+def test_a_cut_output_is_kept_whole_in_a_file(client, session):
+    r = client.shell_run(session, f"python3 -c '{BINARY}'", max_output_chars=500, spill=True)
+    assert r["truncated"] and len(r["output"]) <= 500
+    assert r["output_bytes"] == len(BINARY_BYTES)
+    assert r["output_file"].startswith("/tmp/")  # the session's scratch, as it sees it
+    assert sha256_in_session(client, session, r["output_file"]) == \
+        hashlib.sha256(BINARY_BYTES).hexdigest()
+
+
+def test_repl_output_cut_is_kept_whole_too(client, session):
+    turn = client.turn_begin(session)["turn"]
+    r = client.repl_exec(session, turn, BINARY.replace("; ", "; _ = "), max_output_chars=300,
+                         spill=True)
+    assert r["status"] == "ok" and r["truncated"]
+    assert sha256_in_session(client, session, r["output_file"]) == \
+        hashlib.sha256(BINARY_BYTES).hexdigest()
+    client.turn_end(session, turn)
+
+
+def test_output_that_fits_leaves_no_file(client, session):
+    r = client.shell_run(session, "seq 1 1000", spill=True)
+    assert not r["truncated"] and "output_file" not in r
+    # Nearly fits: more bytes than characters of budget (multi-byte text), and still whole.
+    r = client.shell_run(session, "python3 -c 'print(\"é\" * 300)'", max_output_chars=301,
+                         spill=True)
+    assert not r["truncated"] and "output_file" not in r
+    assert client.shell_run(session, "ls -A /tmp")["output"] == ""
+    # Without `spill`, a cut output names no file either.
+    r = client.shell_run(session, "seq 1 100000", max_output_chars=100)
+    assert r["truncated"] and "output_file" not in r
+
+
+def test_the_file_stops_at_the_session_file_size_limit(client, workspace):
+    s = client.session_open(workspace, limits={"file_mb": 1})["session"]
+    try:
+        r = client.shell_run(s, "head -c 3000000 /dev/zero | tr '\\0' x", max_output_chars=100,
+                             spill=True)
+        assert r["output_bytes"] == 3_000_000
+        tail = client.shell_run(s, f"tail -c 300 {r['output_file']}; "
+                                   f"head -c {1 << 20} {r['output_file']} | tr -d x | wc -c")
+        assert "file size limit" in tail["output"] and "1951424 more bytes were not kept" \
+            in tail["output"]
+        assert tail["output"].endswith("0\n")  # the first MiB is all output
+    finally:
+        client.session_close(s)
+
+
+def test_a_planted_name_is_never_written_through(client, session, workspace):
+    # Sandboxed code knows the next name; a symlink there must not be followed.
+    target = os.path.join(workspace, "victim.txt")
+    with open(target, "w") as f:
+        f.write("unchanged\n")
+    client.shell_run(session, f"ln -s {target} /tmp/toolsd-output-1.txt; "
+                              f"mkfifo /tmp/toolsd-output-2.txt")
+    r = client.shell_run(session, "seq 1 100000", max_output_chars=100, spill=True)
+    assert r["output_file"] == "/tmp/toolsd-output-3.txt"
+    with open(target) as f:
+        assert f.read() == "unchanged\n"
+
+
+def test_unbuilt_features_are_refused_by_name(client, session):
+    with pytest.raises(ToolsdError) as e:
+        client.shell_run(session, "true", stream=True)
+    assert e.value.code == "bad_params" and "'stream'" in e.value.message
+    with pytest.raises(ToolsdError) as e:
+        client.process_start(session, "cat", tty=True)
+    assert e.value.code == "bad_params" and "'tty'" in e.value.message
+    with pytest.raises(ToolsdError) as e:
+        client.process_start(session, "cat", stdin="pipe")
+    assert e.value.code == "bad_params" and "'stdin'" in e.value.message
+    # The defaults, said out loud, are not a use of the feature.
+    assert client.shell_run(session, "echo ok", stream=False)["output"] == "ok\n"
+
+
+def test_unsandboxed_spill_names_the_host_path(daemon_root):
+    d = RunningDaemon(daemon_root)
+    d.env["PATH"] = path_without_bwrap(daemon_root)
+    d.start()
+    try:
+        with d.client() as c:
+            s = c.session_open(d.workspace)["session"]
+            r = c.shell_run(s, "echo; head -c 100000 /dev/zero", max_output_chars=100,
+                            spill=True)
+            assert r["output_file"].startswith(os.path.join(d.state_dir, "scratch"))
+            assert os.path.getsize(r["output_file"]) == 100001
+            c.session_close(s)
+    finally:
+        assert d.stop() == 0
