@@ -51,7 +51,7 @@ def sha256_in_session(client, session, path: str) -> str:
 
 
 def test_hello_lists_the_features_built(client):
-    assert client.hello()["features"] == ["spill"]
+    assert client.hello()["features"] == ["spill", "cwd"]
 
 
 def test_a_cut_output_is_kept_whole_in_a_file(client, session):
@@ -112,6 +112,40 @@ def test_a_planted_name_is_never_written_through(client, session, workspace):
     assert r["output_file"] == "/tmp/toolsd-output-3.txt"
     with open(target) as f:
         assert f.read() == "unchanged\n"
+
+
+def test_cd_is_reported(client, session, workspace):
+    os.makedirs(os.path.join(workspace, "sub dir"))
+    r = client.shell_run(session, "cd 'sub dir' && echo in", report_cwd=True)
+    assert r["cwd_after"] == os.path.join(os.path.realpath(workspace), "sub dir")
+    # The next call can start there.
+    r = client.shell_run(session, "pwd", cwd=r["cwd_after"], report_cwd=True)
+    assert r["output"] == r["cwd_after"] + "\n"
+    # An exit with a code is not a kill: the folder is known.
+    r = client.shell_run(session, "cd /; exit 4", report_cwd=True)
+    assert r["exit_code"] == 4 and r["cwd_after"] == "/"
+    # Asked for nothing, told nothing.
+    assert "cwd_after" not in client.shell_run(session, "cd /")
+
+
+def test_a_killed_shell_reports_no_folder(client, session):
+    r = client.shell_run(session, "cd /; kill -9 $$", report_cwd=True)
+    assert r["signal"] == "SIGKILL" and "cwd_after" not in r
+    r = client.shell_run(session, "cd /; sleep 30", report_cwd=True, timeout_s=0.5)
+    assert r["timed_out"] and "cwd_after" not in r
+
+
+def test_printing_cannot_forge_the_folder(client, session, workspace):
+    here = os.path.realpath(workspace)
+    forged = "echo /etc; echo /etc >&2; printf '/etc\\n/etc\\n'; pwd() { echo /etc; }"
+    r = client.shell_run(session, forged, report_cwd=True)
+    assert r["cwd_after"] == here
+    # Removing the trap makes the folder unknown, never wrong.
+    r = client.shell_run(session, "trap - EXIT; cd /; echo /etc", report_cwd=True)
+    assert "cwd_after" not in r
+    # What the command itself writes before the trap is overwritten by the trap's line.
+    r = client.shell_run(session, "echo /etc >&3; cd /usr", report_cwd=True)
+    assert r["cwd_after"] == "/usr"
 
 
 def test_unbuilt_features_are_refused_by_name(client, session):

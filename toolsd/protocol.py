@@ -16,7 +16,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill",)
+FEATURES = ("spill", "cwd")
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"
@@ -168,6 +168,7 @@ class ShellRunParams(Struct):
     env: Env = {}
     max_output_chars: Chars = 30000
     spill: bool = False
+    report_cwd: bool = False
     stream: bool = False  # 1.1 "stream", not built (UNBUILT)
 
 
@@ -182,6 +183,7 @@ class ShellRunResult(Struct, omit_defaults=True):
     duration_s: float
     orphans_ended: int
     output_file: str | None = None  # with `spill`, when the output was cut
+    cwd_after: str | None = None  # with `report_cwd`, unless the shell was killed
 
 
 class ReplExecParams(Struct):

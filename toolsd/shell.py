@@ -41,6 +41,12 @@ SPAWN_TIMEOUT_S = 10.0
 # After its tree is killed, how long a job's shim has to report the exit before it is killed
 # too (a shim stopped by its own command never would).
 SHIM_REPORT_S = 1.0
+# `report_cwd`: the shell's EXIT trap writes its folder to fd 3, a pipe of its own, so nothing
+# the command prints on its output can pass for it. On the same line as the command, so the
+# line numbers of the command's errors stay the same.
+CWD_TRAP = "trap 'command pwd >&3' EXIT; "
+# At most this much of what reaches fd 3 is kept: a path, and room for one written before it.
+CWD_REPORT_MAX = 8192
 
 
 def signal_name(number: int | None) -> str | None:
@@ -121,14 +127,27 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
     oom_kills = session.oom_kills()
     shell_name, shell_path = session.shell
     started = time.monotonic()
-    job, read_fd = await spawn_with_pipe(session, [shell_path, "-c", p.command], cwd=cwd, env=env,
-                                         want_pid=False, held=True)
+    command, cwd_fds = p.command, None
+    if p.report_cwd:
+        command, cwd_fds = CWD_TRAP + p.command, os.pipe2(os.O_CLOEXEC)
+    try:
+        job, read_fd = await spawn_with_pipe(
+            session, [shell_path, "-c", command], cwd=cwd, env=env, want_pid=False, held=True,
+            extra_fds=cwd_fds[1:] if cwd_fds else ())
+    except BaseException:
+        if cwd_fds:
+            os.close(cwd_fds[0])
+        raise
+    finally:
+        if cwd_fds:
+            os.close(cwd_fds[1])  # the shell has the only copy: its tree's end gives EOF
     # The shim goes back to the launcher's standbys once the answer is out: letting it go
     # wakes it, and that is no reason to answer later.
     answer = answers.current()
     spill = session.spills.start(p.max_output_chars) if p.spill else None
     try:
-        return await _finish(session, job, read_fd, p, shell_name, started, oom_kills, spill)
+        return await _finish(session, job, read_fd, p, shell_name, started, oom_kills,
+                             cwd_fds[0] if cwd_fds else None, spill)
     finally:
         if spill is not None:
             spill.discard()  # a no-op once its result has it
@@ -139,11 +158,13 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
 
 
 async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str,
-                  started: float, oom_kills: int | None, spill) -> ShellRunResult:
+                  started: float, oom_kills: int | None, cwd_fd: int | None,
+                  spill) -> ShellRunResult:
     """Collect the output and the end of a shell.run's command, ending what it leaves.
     `oom_kills`: the session's count before the command started (Session.memory_note)."""
     out = HeadTail(p.max_output_chars)
     sink = out.feed if spill is None else tee(out.feed, spill.feed)
+    cwd_report = bytearray()
     timed_out = False
     orphans = 0
     try:
@@ -152,7 +173,10 @@ async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str
 
             async def read_all():
                 try:
-                    await pump(read_fd, sink)
+                    async with trio.open_nursery() as readers:
+                        readers.start_soon(pump, read_fd, sink)
+                        if cwd_fd is not None:
+                            readers.start_soon(pump, cwd_fd, _bounded(cwd_report))
                 finally:
                     reader_done.set()
 
@@ -186,6 +210,7 @@ async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str
                           f"command ran ({session.launcher.death_reason()}); open a new "
                           f"session")
     output, truncated = out.result_with(session.memory_note(oom_kills))
+    killed = timed_out or job.signal is not None
     return ShellRunResult(
         exit_code=job.exit_code,
         signal=signal_name(job.signal),
@@ -197,7 +222,29 @@ async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str
         duration_s=round(time.monotonic() - started, 6),
         orphans_ended=orphans,
         output_file=spill.finish(truncated) if spill is not None else None,
+        cwd_after=None if cwd_fd is None or killed else reported_cwd(bytes(cwd_report)),
     )
+
+
+def _bounded(buf: bytearray):
+    def feed(data: bytes) -> None:
+        buf.extend(data)
+        del buf[:-CWD_REPORT_MAX]
+    return feed
+
+
+def reported_cwd(report: bytes) -> str | None:
+    """The folder the EXIT trap wrote last (`pwd` and its newline), if it is one: an absolute
+    path in UTF-8. Whatever else reached fd 3 (the command may write there too, which can do
+    no more than a `cd` could) makes it absent rather than wrong."""
+    if not report.endswith(b"\n"):
+        return None
+    line = report[:-1].rpartition(b"\n")[2]
+    try:
+        path = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return path if path.startswith("/") and "\0" not in path else None
 
 
 async def kill_tree(root_pid: int, grace_s: float) -> tuple[int, int]:
