@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import trio
 
+from conftest import wait_gone
 from toolsd.client import AsyncClient, ToolsdError
 
 
@@ -62,3 +63,50 @@ def test_sync_client_maps_errors(client):
         client.process_output("bg999999")
     assert e.value.code == "not_found"
     assert client.hello()["protocol"] == 1
+
+
+def sleeps_in(daemon, marker: str) -> list:
+    return daemon.running(f"sleep {marker}")
+
+
+async def test_trio_cancelled_call_ends_its_command(daemon):
+    # A caller that gives up (Ctrl-C in an agent) must not leave the command running in the
+    # daemon until its timeout: the client sends `cancel` for it.
+    async with await AsyncClient.connect(daemon.socket) as client:
+        session = (await client.session_open(daemon.workspace))["session"]
+        started = trio.Event()
+
+        async def run():
+            started.set()
+            await client.shell_run(session, "sleep 4242; echo never", timeout_s=600)
+
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                await started.wait()
+                # The command is running when its sleep is.
+                while not sleeps_in(daemon, "4242"):
+                    await trio.sleep(0.05)
+                scope.cancel()
+        assert wait_gone(sleeps_in(daemon, "4242"), timeout=30) == []
+        # The connection is in step: the next calls get their own answers.
+        assert (await client.shell_run(session, "echo next"))["output"] == "next\n"
+        assert (await client.hello())["protocol"] == 1
+        await client.session_close(session)
+
+
+def test_asyncio_cancelled_call_ends_its_command(daemon):
+    async def main():
+        async with await AsyncClient.connect(daemon.socket) as client:
+            session = (await client.session_open(daemon.workspace))["session"]
+            task = asyncio.ensure_future(client.shell_run(session, "sleep 4343", timeout_s=600))
+            while not sleeps_in(daemon, "4343"):
+                await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert wait_gone(sleeps_in(daemon, "4343"), timeout=30) == []
+            assert (await client.shell_run(session, "echo next"))["output"] == "next\n"
+            await client.session_close(session)
+
+    asyncio.run(main())

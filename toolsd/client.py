@@ -38,6 +38,8 @@ class _Reply(msgspec.Struct):
 # At most this per read: more costs an mmap and a munmap per read in some processes (see
 # toolsd/fdio.py; not imported from there, as this module does without trio).
 _RECV_SIZE = 64 * 1024
+# How long a cancelled call may wait to send its `cancel` (the daemon not reading).
+_CANCEL_SEND_S = 5.0
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(_Reply)
 
@@ -49,6 +51,7 @@ class _Protocol:
         self._next_id = 0
         self.reader = FrameReader(max_frame)
         self.replies: dict[int, _Reply] = {}
+        self._abandoned: set[int] = set()  # ids whose replies nobody waits for
 
     def request(self, method: str, params: dict) -> tuple[int, bytes]:
         self._next_id += 1
@@ -63,7 +66,20 @@ class _Protocol:
             if reply.id == 0 and reply.error is not None:
                 # A connection-level refusal (bad_frame, frame_too_large): the daemon closes.
                 raise _to_error(reply.error)
+            if reply.id in self._abandoned:
+                self._abandoned.discard(reply.id)
+                continue
             self.replies[reply.id] = reply
+
+    def abandon(self, request_id: int) -> bytes | None:
+        """The caller gave up waiting for `request_id`: its reply will be dropped. Returns the
+        frame of a `cancel` for it (itself abandoned), or None if its reply was already in."""
+        if self.replies.pop(request_id, None) is not None:
+            return None
+        self._abandoned.add(request_id)
+        cancel_id, frame = self.request("cancel", {"request": request_id})
+        self._abandoned.add(cancel_id)
+        return frame
 
     def take(self, request_id: int) -> Any:
         reply = self.replies.pop(request_id)
@@ -166,6 +182,9 @@ class AsyncClient(_Methods):
 
     Several tasks may call at once: whoever waits reads, and hands other tasks their replies.
     Use `await AsyncClient.connect(path)` and `await client.aclose()` (or `async with`).
+    A call whose task is cancelled sends a `cancel` for its request, so what the request
+    started (a shell.run's command, a repl.exec's code) is ended by the daemon, not left
+    running until its timeout.
     """
 
     def __init__(self, backend: _Backend, socket_path: str):
@@ -189,17 +208,23 @@ class AsyncClient(_Methods):
         # One task at a time reads; after each chunk it wakes every waiter, and a waiter whose
         # reply is not in yet becomes the next reader if nobody is reading. So a reply that
         # came in someone else's chunk is never stuck behind a read for a slower request.
-        while request_id not in self._proto.replies:
-            if self._reading:
-                await self._arrived.wait()
-                continue
-            self._reading = True
-            try:
-                self._proto.feed(await self._io.receive_some())
-            finally:
-                self._reading = False
-                arrived, self._arrived = self._arrived, self._io.event()
-                arrived.set()
+        try:
+            while request_id not in self._proto.replies:
+                if self._reading:
+                    await self._arrived.wait()
+                    continue
+                self._reading = True
+                try:
+                    self._proto.feed(await self._io.receive_some())
+                finally:
+                    self._reading = False
+                    arrived, self._arrived = self._arrived, self._io.event()
+                    arrived.set()
+        except BaseException:
+            cancel = self._proto.abandon(request_id)
+            if cancel is not None:
+                await self._io.send_regardless(cancel, self._send_lock)
+            raise
         return self._proto.take(request_id)
 
     async def aclose(self) -> None:
@@ -262,6 +287,16 @@ class _TrioBackend(_Backend):
         except (self._trio.BrokenResourceError, self._trio.ClosedResourceError):
             return b""
 
+    async def send_regardless(self, data: bytes, lock) -> None:
+        """Send while being cancelled (shielded, bounded); a closed connection is no error."""
+        trio = self._trio
+        with trio.CancelScope(shield=True), trio.move_on_after(_CANCEL_SEND_S):
+            try:
+                async with lock:
+                    await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
     async def aclose(self) -> None:
         await self.stream.aclose()
 
@@ -297,6 +332,14 @@ class _AsyncioBackend(_Backend):
             return await self.reader.read(_RECV_SIZE)
         except (ConnectionError, OSError):
             return b""
+
+    async def send_regardless(self, data: bytes, lock) -> None:
+        """Send while being cancelled: a write is buffered at once (no await), so it is whole
+        and in order whatever holds the lock; a closed connection is no error."""
+        try:
+            self.writer.write(data)
+        except (ConnectionError, OSError, RuntimeError):
+            pass
 
     async def aclose(self) -> None:
         self.writer.close()
