@@ -1,0 +1,93 @@
+"""The six tools a model sees. Their schemas ride on every request (in the cached prefix, but
+paid on each turn), so each word here earns its place; tests/test_agent_tools.py prints their
+size and keeps it under 900 tokens.
+
+Names and arguments are fixed by the issue (15) and shared with `toolsd mcp`; the backend that
+runs them is agent/backend.py.
+"""
+
+from __future__ import annotations
+
+from agent.history import ToolSpec
+
+__all__ = ["TOOLS", "TOOL_NAMES", "READ_ONLY", "spec"]
+
+
+def _schema(required: list[str], **properties: dict) -> dict:
+    return {"type": "object", "properties": properties, "required": required,
+            "additionalProperties": False}
+
+
+TOOLS: list[ToolSpec] = [
+    ToolSpec(
+        name="run_terminal",
+        description=(
+            "Run a bash command in the workspace and get its output (stdout and stderr) and "
+            "exit code. Each call is a fresh shell, but `cd` carries over to the next call. "
+            "Anything left running in the background is ended: use process_start for servers "
+            "and watchers. Long output is cut in the middle; the whole of it is saved to a "
+            "file the result names."),
+        parameters=_schema(
+            ["command"],
+            command={"type": "string"},
+            timeout_s={"type": "number", "description": "Default 120."},
+        ),
+    ),
+    ToolSpec(
+        name="repl",
+        description=(
+            "Run code in an interpreter that stays alive for the rest of this turn: "
+            "variables, imports and loaded data persist between calls, so load once and "
+            "query many times. The value of a last expression is shown. Starts fresh on "
+            "each new user message."),
+        parameters=_schema(
+            ["code"],
+            code={"type": "string"},
+            language={"type": "string", "enum": ["python", "node"],
+                      "description": "Default python."},
+        ),
+    ),
+    ToolSpec(
+        name="process_start",
+        description=(
+            "Start a long-running command in the background (a server, a watcher, a long "
+            "build). It keeps running across turns. Returns its id for process_output and "
+            "process_stop."),
+        parameters=_schema(["command"], command={"type": "string"}, name={"type": "string"}),
+    ),
+    ToolSpec(
+        name="process_output",
+        description=(
+            "Output of a background process since the last read, and whether it is still "
+            "running. Waits up to wait_s seconds for new output, returning early once the "
+            "output matches the regex `until`."),
+        parameters=_schema(
+            ["id"],
+            id={"type": "string"},
+            wait_s={"type": "number"},
+            until={"type": "string"},
+        ),
+        read_only=True,
+    ),
+    ToolSpec(
+        name="process_stop",
+        description="Stop a background process and everything it started.",
+        parameters=_schema(["id"], id={"type": "string"}),
+    ),
+    ToolSpec(
+        name="read_image",
+        description=(
+            "Look at an image file (PNG, JPEG, GIF, WebP, ...): it is shown to you after the "
+            "tool results."),
+        parameters=_schema(["path"], path={"type": "string"}),
+        read_only=True,
+    ),
+]
+
+TOOL_NAMES = tuple(t.name for t in TOOLS)
+READ_ONLY = frozenset(t.name for t in TOOLS if t.read_only)
+_BY_NAME = {t.name: t for t in TOOLS}
+
+
+def spec(name: str) -> ToolSpec | None:
+    return _BY_NAME.get(name)

@@ -1,0 +1,40 @@
+"""The six model-visible tools: exact names and arguments, and what their schemas cost."""
+
+from __future__ import annotations
+
+import msgspec
+
+from agent.tools import READ_ONLY, TOOLS
+
+# The seed's five tools cost ~907 tokens of schema; all six of ours stay under this.
+TOKEN_LIMIT = 900
+
+
+def tokens(tool) -> int:
+    """Characters / 4 of what a provider is sent for the tool."""
+    return len(msgspec.json.encode(
+        {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
+    )) // 4
+
+
+def test_six_tools_with_the_issue_names_and_arguments():
+    shapes = {t.name: (sorted(t.parameters["properties"]), t.parameters["required"])
+              for t in TOOLS}
+    assert shapes == {
+        "run_terminal": (["command", "timeout_s"], ["command"]),
+        "repl": (["code", "language"], ["code"]),
+        "process_start": (["command", "name"], ["command"]),
+        "process_output": (["id", "until", "wait_s"], ["id"]),
+        "process_stop": (["id"], ["id"]),
+        "read_image": (["path"], ["path"]),
+    }
+    repl = next(t for t in TOOLS if t.name == "repl")
+    assert repl.parameters["properties"]["language"]["enum"] == ["python", "node"]
+    assert READ_ONLY == {"process_output", "read_image"}
+
+
+def test_schemas_cost_under_900_tokens():
+    sizes = {t.name: tokens(t) for t in TOOLS}
+    total = sum(sizes.values())
+    print(f"\ntool schemas: {total} tokens (chars/4) in all: {sizes}")
+    assert total < TOKEN_LIMIT
