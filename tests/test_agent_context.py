@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+
+import pytest
+from PIL import Image
+
 from agent.context import (
+    COMPACT_SYSTEM,
     CONTEXT_CHARS,
     METADATA_CHARS,
     README_CHARS,
@@ -17,7 +24,19 @@ from agent.history import (
     ToolResult,
     UserMessage,
 )
-from agent.models.scripted import call
+from agent.models.base import ContextBudget
+from agent.models.scripted import ScriptedModel, call, reply
+from agent.turn import AgentConfig
+import agentkit
+from conftest import module_daemon as shared_daemon, needs_bwrap
+
+
+@pytest.fixture(scope="module")
+def module_daemon():
+    yield from shared_daemon()
+
+
+kit = agentkit.kit
 
 
 def user(text: str) -> UserMessage:
@@ -54,6 +73,27 @@ def test_window_starts_at_the_last_summary():
                                AssistantMessage(text="b")]
 
 
+@needs_bwrap
+async def test_five_images_in_one_turn_leave_six_real_turns_sent(kit):
+    for i in range(5):
+        Image.new("RGB", (20, 20), (i * 40, 0, 0)).save(os.path.join(kit.workspace,
+                                                                     f"frame{i}.png"))
+    agent = await kit.open()
+    for n in range(1, 7):
+        agent.model.add(reply(f"answer {n}"))
+        assert (await agent.run_turn(f"turn {n}")).outcome == "completed"
+    agent.model.add(*(reply("", call("read_image", path=f"frame{i}.png")) for i in range(5)),
+                    reply("seen"))
+    assert (await agent.run_turn("turn 7: look at the frames")).outcome == "completed"
+    last = agent.model.requests[-1]
+    assert prompts(last.messages) == [f"turn {n}" for n in range(2, 7)] + \
+        ["turn 7: look at the frames"]
+    refs = [p for m in last.messages if isinstance(m, UserMessage) for p in m.content
+            if isinstance(p, ImageRef)]
+    assert len(refs) == 5
+    assert all(not agent.model.images[-1][r].missing for r in refs)
+
+
 # ---------------------------------------------------------------- repository context
 
 
@@ -72,3 +112,76 @@ def test_repository_context_is_capped_piece_by_piece_and_in_all():
     assert len(readme_part) <= README_CHARS
     meta_part = text.split("## Package metadata\n")[1].split("\n## ")[0]
     assert len(meta_part) <= METADATA_CHARS
+
+
+@needs_bwrap
+async def test_the_system_prompt_has_the_repository_but_no_file_listing(kit):
+    kit.write("pyproject.toml", "[project]\nname = 'demo'\nversion = '0.1'\n")
+    kit.write("README.md", "# Demo\nIt demonstrates.\n")
+    kit.write("src/demo/deep_module.py", "x = 1\n")
+    agent = await kit.open([reply("hi")])
+    await agent.run_turn("hello")
+    system = agent.model.requests[0].system
+    assert "name: demo 0.1" in system and "It demonstrates." in system
+    assert "README.md" in system and "src/" in system
+    assert "deep_module.py" not in system
+
+
+# ---------------------------------------------------------------- compaction
+
+
+def step_or_summary(plan):
+    """A model that answers compaction requests with a summary and others from `plan`."""
+    plan = iter(plan)
+
+    def respond(request):
+        if request.system == COMPACT_SYSTEM:
+            return reply("SUMMARY: the user asked for numbers; three seq runs printed them.")
+        return next(plan)
+    return itertools.repeat(respond)
+
+
+BIG = "seq 100000 103000"  # some 3,000 characters of output, about 900 tokens
+
+
+@needs_bwrap
+async def test_compaction_summarizes_older_material_and_the_turn_goes_on(kit):
+    model = ScriptedModel(step_or_summary(
+        [reply("", call("run_terminal", command=f"{BIG} | head -{n}00")) for n in (5, 6, 7, 8)]
+        + [reply("done")]), budget=ContextBudget(tokens=4000))
+    agent = await kit.open(model=model)
+    result = await agent.run_turn("print numbers")
+    assert result.outcome == "completed", result
+    compactions = [r for r in model.requests if r.system == COMPACT_SYSTEM]
+    assert len(compactions) >= 1
+    assert compactions[0].tools == [] and compactions[0].max_tokens <= 2048
+    assert "print numbers" in compactions[0].messages[0].content[0].text
+    # The requests after it start from the summary, with the user's request kept verbatim.
+    after = model.requests[model.requests.index(compactions[0]) + 1]
+    assert isinstance(after.messages[0], Summary)
+    assert "SUMMARY: the user asked" in after.messages[0].text
+    assert "The user's current request, verbatim:\nprint numbers" in after.messages[0].text
+    # The conversation keeps everything, the summary in its place.
+    history = agent.conversation.messages
+    assert prompts(history) == ["print numbers"]
+    assert sum(isinstance(m, Summary) for m in history) == len(compactions)
+    assert [e["type"] for e in agent.conversation.events()].count("compaction") == \
+        len(compactions)
+
+
+@needs_bwrap
+async def test_a_history_that_cannot_fit_fails_the_turn_and_keeps_the_conversation(kit):
+    model = ScriptedModel([], budget=ContextBudget(tokens=300, guessed=True))
+    agent = await kit.open(model=model)
+    result = await agent.run_turn("hello")
+    assert result.outcome == "failed"
+    assert result.reason.startswith("context: the conversation needs about ")
+    assert "300 tokens (a guess: neither the config nor the provider said; set " \
+           "context_tokens)" in result.reason
+    assert model.requests == []  # no request over the budget was sent
+    assert agent.conversation.messages == [user("hello")]
+    # A budget from the config wins over the model's guess.
+    big = await kit.open(model=ScriptedModel([reply("fits")],
+                                             budget=ContextBudget(300, guessed=True)),
+                         config=AgentConfig(context_tokens=50_000))
+    assert (await big.run_turn("hello")).outcome == "completed"

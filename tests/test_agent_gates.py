@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from agent.gates import node_write, python_write, shell_write
+from agent.history import ToolResult
+from agent.models.scripted import call, reply
+import agentkit
+from conftest import module_daemon as shared_daemon, needs_bwrap
+
+
+@pytest.fixture(scope="module")
+def module_daemon():
+    yield from shared_daemon()
+
+
+kit = agentkit.kit
 
 
 WRITES_SHELL = ["echo hi > out.txt", "rm -rf build", "git commit -m x", "sed -i s/a/b/ f",
@@ -51,3 +65,59 @@ def test_python_reads_pass(code):
 def test_node_writes_are_seen():
     assert node_write("require('fs').writeFileSync('a', 'b')") == "writeFileSync()"
     assert node_write("console.log(1 >> 2)") is None
+
+
+def results(model) -> list[str]:
+    return [m.text for m in model.requests[-1].messages if isinstance(m, ToolResult)]
+
+
+HIDDEN_REPL = "m = 'w' if True else 'r'\ngetattr(__builtins__, 'op' + 'en')('made-by-repl', m)"
+HIDDEN_SHELL = "c=\"open('made-by-shell', 'w')\"; python3 -c \"$c\""
+
+
+@needs_bwrap
+async def test_plan_mode_the_os_refuses_what_the_classifiers_cannot_see(kit):
+    # What the classifiers cannot see: a builtin reached by name, a program through a variable.
+    assert python_write(HIDDEN_REPL) is None and shell_write(HIDDEN_SHELL) is None
+    agent = await kit.open([
+        reply("", call("repl", code=HIDDEN_REPL)),
+        reply("", call("run_terminal", command=HIDDEN_SHELL)),
+        reply("", call("repl", code="x = 70000\nx >> 16")),
+        reply("", call("run_terminal", command="x=70000; echo $((x >> 16))")),
+        reply("", call("repl", code="m = input_mode = 'w'\nopen('f', m)")),
+        reply("planned"),
+    ], mode="plan")
+    assert (await agent.run_turn("plan it")).outcome == "completed"
+    seen = results(agent.model)
+    assert "Read-only file system" in seen[0]
+    assert "Read-only file system" in seen[1]
+    assert seen[2] == "1"  # arithmetic, not a redirect
+    assert seen[3] == "1\n[exit code 0]"
+    assert seen[4].startswith("Plan mode is read-only, and this would write (open(...) with a "
+                              "mode only known at run time)")
+    assert os.listdir(kit.workspace) == []
+
+
+@needs_bwrap
+async def test_ask_mode_asks_before_commands_not_before_reads(kit):
+    asked = []
+    answers = iter([False, "always"])
+
+    async def approve(tool_call):
+        asked.append(tool_call.name)
+        return next(answers)
+
+    agent = await kit.open([
+        reply("", call("process_output", id="bg0")),
+        reply("", call("run_terminal", command="touch declined")),
+        reply("", call("run_terminal", command="touch approved")),
+        reply("", call("run_terminal", command="touch again")),
+        reply("done"),
+    ], mode="ask", approve=approve)
+    assert (await agent.run_turn("go")).outcome == "completed"
+    assert asked == ["run_terminal", "run_terminal"]  # not for the read, not after "always"
+    assert sorted(os.listdir(kit.workspace)) == ["again", "approved"]
+    seen = results(agent.model)
+    assert seen[1].startswith("The user declined this call.")
+    approvals = [e for e in agent.conversation.events() if e["type"] == "approval"]
+    assert [(e["allowed"], e["asked"]) for e in approvals] == [(False, True), (True, True)]

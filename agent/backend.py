@@ -1,0 +1,435 @@
+"""A model's tool call -> a toolsd request -> a result string the model reads.
+
+`Backend` owns one toolsd session (opened by `Backend.open`, closed by `aclose`) and what the
+tools keep in it between calls: the terminal's folder (a `cd` holds for the next
+`run_terminal`, as in a person's terminal), the REPL turn, and the background processes this
+backend started (the only ids it lets the model touch: ids are daemon-wide, and a model must
+never reach another session's process by guessing `bg1`).
+
+Every result is at most RESULT_CHARS characters: the head and the tail of the output, and
+short lines in brackets for what the model must know (exit code, signal, timeout, processes
+ended, where the whole output is when it was cut). The formatting is pure (`*_text`), the
+rest is one toolsd request per call.
+
+Resource handling: the session and everything in it (REPLs, background processes) end at
+`aclose()` (session.close); the REPLs of a turn end at `end_turn()`, which the turn loop
+calls in its `finally`.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shlex
+from typing import Annotated, Any, Literal
+
+import msgspec
+import trio
+from msgspec import Meta
+
+from agent.history import ImageRef, LoadedImage, ToolCall
+from agent.providers import image_limits
+from agent.tools import TOOL_NAMES
+from toolsd.client import AsyncClient, ToolsdError
+
+__all__ = ["Backend", "ToolOutcome", "RESULT_CHARS", "clip_text"]
+
+# What a model is shown of one tool result, notices included (seed 000).
+RESULT_CHARS = 4000
+# Kept free for the bracketed lines when the daemon is asked for the output.
+NOTES_ROOM = 400
+MAX_TIMEOUT_S = 600.0
+MAX_WAIT_S = 300.0
+UNTIL_WAIT_S = 30.0  # process_output's wait when only `until` is given
+
+
+class ToolOutcome(msgspec.Struct, frozen=True):
+    """A tool's result for the model: `text` for the tool result, and pictures to ride on the
+    user message that follows the results (read_image)."""
+
+    text: str
+    is_error: bool = False
+    images: list[ImageRef] = []
+
+
+# ---------------------------------------------------------------- arguments
+
+Positive = Annotated[float, Meta(gt=0)]
+
+
+class RunTerminal(msgspec.Struct, frozen=True):
+    command: str
+    timeout_s: Positive = 120.0
+
+
+class Repl(msgspec.Struct, frozen=True):
+    code: str
+    language: Literal["python", "node"] = "python"
+
+
+class ProcessStart(msgspec.Struct, frozen=True):
+    command: str
+    name: str = ""
+
+
+class ProcessOutput(msgspec.Struct, frozen=True):
+    id: str
+    wait_s: Annotated[float, Meta(ge=0)] | None = None
+    until: str | None = None
+
+
+class ProcessStop(msgspec.Struct, frozen=True):
+    id: str
+
+
+class ReadImage(msgspec.Struct, frozen=True):
+    path: str
+
+
+ARGUMENTS = {"run_terminal": RunTerminal, "repl": Repl, "process_start": ProcessStart,
+             "process_output": ProcessOutput, "process_stop": ProcessStop,
+             "read_image": ReadImage}
+
+
+def parse_arguments(call: ToolCall):
+    """The call's arguments as its Struct, or a ToolOutcome saying what is wrong with them."""
+    if call.error is not None:
+        return ToolOutcome(f"Your call of {call.name} could not be read: {call.error}. Send "
+                           f"the arguments as a JSON object.", is_error=True)
+    kind = ARGUMENTS.get(call.name)
+    if kind is None:
+        return ToolOutcome(f"There is no tool {call.name!r}; the tools are "
+                           f"{', '.join(TOOL_NAMES)}.", is_error=True)
+    try:
+        return msgspec.convert(call.arguments, kind)
+    except msgspec.ValidationError as e:
+        where = str(e).replace("`$.", "`").replace("`$`", "the arguments")
+        return ToolOutcome(f"{call.name}: {where}", is_error=True)
+
+
+# ---------------------------------------------------------------- formatting (pure)
+
+
+def clip_text(text: str, limit: int) -> str:
+    """`text` within `limit` characters: its head and tail around a line saying how many
+    characters were left out."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {len(text)} characters in all; the middle was left out ...]\n"
+    room = limit - len(marker)
+    if room <= 0:
+        return marker[:limit]
+    head = room // 2
+    return text[:head] + marker + text[len(text) - (room - head):]
+
+
+def compose(output: str, notes: list[str]) -> str:
+    """The output, then one bracketed line per note, within RESULT_CHARS."""
+    tail = "".join(f"\n[{n}]" for n in notes)
+    if not output:
+        output = "(no output)"
+    body = clip_text(output.rstrip("\n"), max(0, RESULT_CHARS - len(tail)))
+    return clip_text(body + tail, RESULT_CHARS)
+
+
+def cut_note(result: dict) -> str | None:
+    if not result.get("truncated"):
+        return None
+    size = result.get("output_bytes", 0)
+    where = result.get("output_file")
+    if where:
+        return (f"output cut: {size} bytes in all; the whole output is in {where} "
+                f"(grep it or page it with sed -n)")
+    return f"output cut: {size} bytes in all, the middle left out"
+
+
+def shell_text(r: dict, timeout_s: float, moved_to: str | None) -> str:
+    notes = []
+    if r["timed_out"]:
+        notes.append(f"timed out after {timeout_s:g} s: the command and everything it started "
+                     f"were stopped; use process_start for long-running commands")
+    elif r["signal"]:
+        notes.append(f"killed by {r['signal']}")
+    else:
+        notes.append(f"exit code {r['exit_code']}")
+    if r["orphans_ended"] and not r["timed_out"]:
+        notes.append(f"{r['orphans_ended']} process(es) it left running were ended; use "
+                     f"process_start to keep something running")
+    if r.get("shell") == "sh":
+        notes.append("ran in sh: this system has no bash")
+    cut = cut_note(r)
+    if cut:
+        notes.append(cut)
+    if moved_to:
+        notes.append(f"now in {moved_to}")
+    return compose(r["output"], notes)
+
+
+def repl_text(r: dict, first_in_turn: bool) -> str:
+    notes = []
+    if r["fresh"] and not first_in_turn and not r["state_lost"]:
+        notes.append("a fresh interpreter: what earlier calls defined is gone")
+    if r["status"] == "error":
+        notes.append("error")
+    cut = cut_note(r)
+    if cut:
+        notes.append(cut)
+    return compose(r["output"], notes)
+
+
+def process_text(r: dict) -> str:
+    notes = []
+    if r["dropped_bytes"]:
+        notes.append(f"{r['dropped_bytes']} older bytes were no longer kept")
+    notes.append(f"{r['id']} {status_words(r)}")
+    return compose(r["output"] or "(no new output)", notes)
+
+
+def status_words(r: dict) -> str:
+    if r["status"] == "running":
+        return "is running"
+    if r["signal"]:
+        return f"{r['status']} (killed by {r['signal']})"
+    if r["exit_code"] is not None:
+        return f"{r['status']} with exit code {r['exit_code']}"
+    return r["status"]
+
+
+# ---------------------------------------------------------------- the backend
+
+
+class Backend:
+    """See the module docstring. Made by `Backend.open`; the turn loop and `toolsd mcp` both
+    drive it: `begin_turn`, `call` per tool call, `load_images` for a request, `end_turn`,
+    `aclose`."""
+
+    def __init__(self, client: AsyncClient, session: str, workspace: str, *, sandbox: str,
+                 features: list[str], provider: str, repl_timeout_s: float):
+        self.client = client
+        self.session = session
+        self.workspace = workspace
+        self.sandbox = sandbox  # "bwrap", or "none" where the daemon cannot sandbox
+        self.features = frozenset(features)
+        self.provider = provider
+        self.repl_timeout_s = repl_timeout_s
+        self.cwd = workspace  # the terminal's folder, as the session sees it
+        self.turn: str | None = None
+        self._repl_languages: set[str] = set()  # used in this turn
+        # Background processes this backend started: id -> command (the only ones it touches).
+        self.processes: dict[str, str] = {}
+        # Pictures read this turn, by (ref, the max_dim they were fitted to).
+        self._images: dict[tuple[ImageRef, int], LoadedImage] = {}
+        self.closed = False
+
+    @classmethod
+    async def open(cls, client: AsyncClient, workspace: str, *, writable: bool = True,
+                   network: str = "none", env: dict[str, str] | None = None,
+                   provider: str = "anthropic", repl_timeout_s: float = 120.0) -> Backend:
+        hello = await client.hello("toolsd-agent")
+        opened = await client.session_open(os.path.abspath(workspace), writable=writable,
+                                           network=network, env=env or {})
+        return cls(client, opened["session"], opened["workspace"], sandbox=opened["sandbox"],
+                   features=hello.get("features", []), provider=provider,
+                   repl_timeout_s=repl_timeout_s)
+
+    async def aclose(self) -> dict:
+        """session.close: every process and REPL of the session ends. Idempotent."""
+        if self.closed:
+            return {}
+        self.closed = True
+        with trio.CancelScope(shield=True):
+            try:
+                return await self.client.session_close(self.session)
+            except ToolsdError:
+                return {}  # already gone with its daemon
+
+    # ------------------------------------------------------------ turns
+
+    async def begin_turn(self) -> str:
+        self.turn = (await self.client.turn_begin(self.session))["turn"]
+        self._repl_languages = set()
+        self._images = {}  # a file may have changed or vanished between turns
+        return self.turn
+
+    async def end_turn(self) -> int:
+        """turn.end, shielded: the turn's interpreters end whatever ended the turn."""
+        turn, self.turn = self.turn, None
+        if turn is None:
+            return 0
+        with trio.CancelScope(shield=True):
+            try:
+                return (await self.client.turn_end(self.session, turn))["repls_stopped"]
+            except ToolsdError:
+                return 0  # the session or the daemon is gone, and the REPLs with it
+
+    # ------------------------------------------------------------ calls
+
+    async def call(self, call: ToolCall) -> ToolOutcome:
+        """Run one tool call. A mistake of the model (bad arguments, a stale id, a file that
+        is not there) is a ToolOutcome with is_error; only a lost daemon raises."""
+        args = parse_arguments(call)
+        if isinstance(args, ToolOutcome):
+            return args
+        run = getattr(self, "_" + call.name)
+        try:
+            return await run(args)
+        except ToolsdError as e:
+            if e.code == "connection_lost":
+                raise
+            return ToolOutcome(f"{call.name} failed: {e.message}", is_error=True)
+
+    def _in_cwd(self, command: str) -> tuple[str, dict[str, Any]]:
+        """(command, params) that run `command` in the terminal's folder. toolsd takes a cwd
+        inside the workspace; one outside it (a `cd /tmp` earlier) is entered by the
+        command itself, on the same line so line numbers in errors do not move."""
+        if self.cwd == self.workspace:
+            return command, {}
+        if self.cwd.startswith(self.workspace + "/"):
+            return command, {"cwd": self.cwd}
+        return f"cd -- {shlex.quote(self.cwd)} || exit; {command}", {}
+
+    def _shown(self, path: str) -> str:
+        if path == self.workspace:
+            return "the workspace root"
+        if path.startswith(self.workspace + "/"):
+            return path[len(self.workspace) + 1:] + "/"
+        return path
+
+    async def _run_terminal(self, a: RunTerminal) -> ToolOutcome:
+        timeout_s = min(a.timeout_s, MAX_TIMEOUT_S)
+        command, where = self._in_cwd(a.command)
+        params = {"timeout_s": timeout_s, "max_output_chars": RESULT_CHARS - NOTES_ROOM,
+                  **where, **self._asks("spill", spill=True), **self._asks("cwd", report_cwd=True)}
+        moved = ""
+        try:
+            r = await self.client.shell_run(self.session, command, **params)
+        except ToolsdError as e:
+            if not (e.code == "bad_params" and "cwd" in e.message and "cwd" in where):
+                raise
+            # The terminal's folder is gone (removed, or replaced by a file or a symlink).
+            moved = f"[could not enter {self.cwd} ({e.message}): this ran in the workspace root]"
+            self.cwd = self.workspace
+            r = await self.client.shell_run(self.session, a.command,
+                                            **{k: v for k, v in params.items() if k != "cwd"})
+        before = self.cwd
+        after = r.get("cwd_after")
+        if after:
+            self.cwd = after.rstrip("/") or "/"
+        text = shell_text(r, timeout_s, self._shown(self.cwd) if self.cwd != before else None)
+        return ToolOutcome(f"{moved}\n{text}" if moved else text)
+
+    def _asks(self, feature: str, **params: Any) -> dict[str, Any]:
+        """Params of a 1.1 feature, only where the daemon has it (an older one refuses them)."""
+        return params if feature in self.features else {}
+
+    async def _repl(self, a: Repl) -> ToolOutcome:
+        if self.turn is None:
+            await self.begin_turn()
+        first = a.language not in self._repl_languages
+        self._repl_languages.add(a.language)
+        r = await self.client.repl_exec(
+            self.session, self.turn, a.code, language=a.language,
+            timeout_s=self.repl_timeout_s, max_output_chars=RESULT_CHARS - NOTES_ROOM,
+            **self._asks("spill", spill=True))
+        return ToolOutcome(repl_text(r, first))
+
+    async def _process_start(self, a: ProcessStart) -> ToolOutcome:
+        command, where = self._in_cwd(a.command)
+        r = await self.client.process_start(self.session, command, name=a.name, **where)
+        self.processes[r["id"]] = a.command
+        return ToolOutcome(f"Started {r['id']}. Read its output with process_output, stop it "
+                           f"with process_stop; it keeps running until then.")
+
+    def _unknown(self, pid: str) -> ToolOutcome | None:
+        if pid in self.processes:
+            return None
+        mine = ", ".join(f"{k} ({clip_text(v, 40)})" for k, v in self.processes.items()) \
+            if self.processes else "none"
+        return ToolOutcome(f"There is no background process {pid!r} of yours. Processes you "
+                           f"started: {mine}.", is_error=True)
+
+    def _stale(self, pid: str, e: ToolsdError) -> ToolOutcome:
+        if e.code == "not_found":
+            return ToolOutcome(f"{pid} is gone: toolsd was restarted since it was started, "
+                               f"and its processes with it. Start it again with "
+                               f"process_start.", is_error=True)
+        raise e
+
+    async def _process_output(self, a: ProcessOutput) -> ToolOutcome:
+        if (refusal := self._unknown(a.id)) is not None:
+            return refusal
+        wait_s = a.wait_s if a.wait_s is not None else (UNTIL_WAIT_S if a.until else 0.0)
+        params: dict[str, Any] = {"wait_s": min(wait_s, MAX_WAIT_S),
+                                  "max_output_chars": RESULT_CHARS - NOTES_ROOM}
+        if a.until is not None:
+            params["until"] = a.until
+        try:
+            r = await self.client.process_output(a.id, **params)
+        except ToolsdError as e:
+            return self._stale(a.id, e)
+        return ToolOutcome(process_text(r))
+
+    async def _process_stop(self, a: ProcessStop) -> ToolOutcome:
+        if (refusal := self._unknown(a.id)) is not None:
+            return refusal
+        try:
+            r = await self.client.process_stop(a.id)
+        except ToolsdError as e:
+            return self._stale(a.id, e)
+        ended = f"; {r['ended']} process(es) ended" if r["ended"] else ""
+        return ToolOutcome(f"{a.id} {status_words(r)}{ended}.")
+
+    def resolve(self, path: str) -> str:
+        """A path the model gave, as the session sees it: relative to the terminal's folder."""
+        return posixpath.normpath(posixpath.join(self.cwd, path))
+
+    async def _read_image(self, a: ReadImage) -> ToolOutcome:
+        path = self.resolve(a.path)
+        max_dim, max_bytes = image_limits(self.provider)
+        try:
+            r = await self.client.image_read(self.session, path, max_dim=max_dim,
+                                             max_bytes=max_bytes)
+        except ToolsdError as e:
+            if e.code in ("not_found", "not_an_image", "image_too_large", "limit_exceeded"):
+                return ToolOutcome(f"read_image: {e.message}", is_error=True)
+            raise
+        ref = ImageRef(path=path, max_dim=max_dim, max_bytes=max_bytes)
+        self._images[ref, max_dim] = _loaded(r)
+        o = r["original"]
+        resized = f", downscaled from {o['width']}x{o['height']}" if r["resized"] else ""
+        return ToolOutcome(f"{path}: {o['format']} image, shown {r['width']}x{r['height']}"
+                           f"{resized}. It is attached below.", images=[ref])
+
+    # ------------------------------------------------------------ images for a request
+
+    async def load_images(self, refs: list[ImageRef]) -> dict[ImageRef, LoadedImage]:
+        """The pictures a request carries, read now with the session's view and fitted to
+        the provider's limits for a request holding that many; a file that vanished or
+        changed into something else is a LoadedImage saying so (the renderer tells the
+        model). Read once per turn: the cache is emptied by begin_turn."""
+        wanted = list(dict.fromkeys(refs))
+        request_dim, _ = image_limits(self.provider, len(wanted))
+        kept = {}
+        for ref in wanted:
+            key = ref, min(ref.max_dim, request_dim)
+            if key not in self._images:
+                self._images[key] = await self._load(ref, key[1])
+            kept[key] = self._images[key]
+        self._images = kept
+        return {ref: image for (ref, _dim), image in kept.items()}
+
+    async def _load(self, ref: ImageRef, max_dim: int) -> LoadedImage:
+        try:
+            r = await self.client.image_read(self.session, ref.path, max_dim=max_dim,
+                                             max_bytes=ref.max_bytes)
+        except ToolsdError as e:
+            if e.code == "connection_lost":
+                raise
+            return LoadedImage(missing=f"the image {ref.path} could not be read any more "
+                                       f"({e.message})")
+        return _loaded(r)
+
+
+def _loaded(r: dict) -> LoadedImage:
+    return LoadedImage(media_type=r["media_type"], data=r["data"], width=r["width"],
+                       height=r["height"])

@@ -1,0 +1,402 @@
+"""The turn loop, and the Agent that runs it turn after turn.
+
+A turn is one prompt and everything done for it (seed 000): requests to the model, the tool
+calls it asks for (each through the gate, then the backend), their results fed back, until the
+model answers without asking for tools. It is bounded and supervised (seed 002):
+
+- at most `max_steps` model requests; when they are spent with work left, one bounded
+  final-report request (no tool runs after it), and the turn ends `budget_exhausted`;
+- a wall-clock budget, checked before each model request: once spent, no further request is
+  made, what was produced is kept, and the turn ends `budget_exhausted`;
+- the same tool with the exact same arguments runs at most `duplicate_runs` times in a turn;
+  later calls get a notice instead of a result;
+- after `nudge_after` tool calls, the model is told once to finish;
+- cancellation (Agent.cancel, Ctrl-C, an enclosing cancel scope) ends it `interrupted`, also
+  while it waits for a person's approval; an exception ends it `failed`;
+- whatever ends it, the turn's REPLs end (turn.end in `finally`), open tool calls get a
+  result, and its outcome is logged.
+
+Every step is written to the conversation's event log as it happens (agent/conversation.py).
+
+Resource handling: an Agent owns its Backend (the toolsd session: `aclose()` closes it, which
+ends every background process), its Conversation (its lock) and, when it made it, its client.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections import Counter
+from collections.abc import Callable
+
+import msgspec
+import trio
+
+from agent.backend import Backend, ToolOutcome
+from agent.context import ContextOverflow, fit_history, gather_context, resolve_budget
+from agent.conversation import Conversation, ConversationStore
+from agent.gates import Approver, Gate, Mode
+from agent.history import (
+    AssistantMessage,
+    ImageRef,
+    ModelRequest,
+    Text,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from agent.models.base import Model, ModelReply
+from agent.tools import TOOLS
+from toolsd.client import AsyncClient
+
+__all__ = ["Agent", "AgentConfig", "Outcome", "TurnResult"]
+
+
+class Outcome(enum.Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+
+
+class AgentConfig(msgspec.Struct, frozen=True):
+    """The rules of a turn (defaults from the seeds) and how the session is opened."""
+
+    max_steps: int = 20
+    wall_s: float = 1800.0
+    duplicate_runs: int = 4
+    nudge_after: int = 6
+    max_tokens: int = 4096
+    final_report_tokens: int = 1024
+    # The route's context window in tokens; None: what the model adapter says (or guesses).
+    context_tokens: int | None = None
+    repl_timeout_s: float = 120.0
+    network: str = "none"
+    env: dict[str, str] = {}
+    instructions: str = ""  # added to the system prompt
+
+
+class TurnResult(msgspec.Struct, frozen=True):
+    turn: int
+    outcome: str
+    reason: str = ""
+    text: str = ""  # the model's last text of the turn
+    steps: int = 0  # model requests, the final report included
+    tool_calls: int = 0
+
+
+NUDGE = ("[{n} tool calls so far in this turn. Finish soon: answer with what you have unless "
+         "another call is truly needed.]")
+FINAL_REPORT = ("[The step budget of this turn ({steps} model requests) is spent: no more tools "
+                "will run. Reply now with a short report: what you did, what you found, and "
+                "what is left to do.]")
+SKIPPED = ("[Skipped: {name} with exactly these arguments already ran {runs} times in this "
+           "turn, and running it again will not tell you more. Change the arguments, or "
+           "answer with what you have.]")
+
+SYSTEM = """You are a coding agent. You work in the repository below through tools that run \
+in a sandbox: the workspace is {workspace}, /tmp is scratch space, and network access is \
+{network}.
+- run_terminal for commands; repl to explore data or code step by step (its state lasts for \
+this turn); process_start / process_output / process_stop for servers and long jobs; \
+read_image to look at a picture.
+- Check what your actions did. End the turn with a short answer: what you did and found.{mode}
+{instructions}
+{context}"""
+
+MODE_NOTES = {
+    Mode.PLAN: "\n- Plan mode: the workspace is read-only. Investigate and propose changes; "
+               "do not write files.",
+    Mode.ASK: "\n- The user approves commands and code before they run; a declined call is "
+              "their decision, not an error to work around.",
+    Mode.AUTO: "",
+}
+
+
+class _Turn:
+    """The state of one turn in flight: its counters, and its outcome, set once."""
+
+    def __init__(self, number: int):
+        self.number = number
+        self.steps = 0
+        self.tool_calls = 0
+        self.nudged = False
+        self.runs: Counter[tuple[str, str]] = Counter()
+        self.text = ""
+        self.outcome: Outcome | None = None
+        self.reason = ""
+
+    def end(self, outcome: Outcome, reason: str = "") -> None:
+        assert self.outcome is None, f"turn {self.number} already ended {self.outcome}"
+        self.outcome, self.reason = outcome, reason
+
+    def result(self) -> TurnResult:
+        return TurnResult(turn=self.number, outcome=self.outcome.value, reason=self.reason,
+                          text=self.text, steps=self.steps, tool_calls=self.tool_calls)
+
+
+class Agent:
+    """A model, a toolsd session and a conversation; `run_turn` for each prompt.
+
+    Both `toolsd agent` (a person at a terminal) and `toolsd mcp` build on it: open with
+    `await Agent.open(workspace, model, ...)`, run turns, `await agent.aclose()` (or use it
+    as an async context manager)."""
+
+    def __init__(self, *, model: Model, backend: Backend, conversation: Conversation,
+                 gate: Gate, config: AgentConfig, system: str, client: AsyncClient,
+                 own_client: bool):
+        self.model = model
+        self.backend = backend
+        self.conversation = conversation
+        self.gate = gate
+        self.config = config
+        self.system = system
+        self.budget = resolve_budget(config.context_tokens, model)
+        self._client = client
+        self._own_client = own_client
+        self._scope: trio.CancelScope | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(cls, workspace: str, model: Model, *, mode: Mode | str = Mode.ASK,
+                   approve: Approver | None = None, config: AgentConfig | None = None,
+                   client: AsyncClient | None = None, socket: str | None = None,
+                   resume: str | None = None, store_root: str | None = None,
+                   provider: str | None = None) -> Agent:
+        """Open a toolsd session on `workspace` (read-only in plan mode) and a conversation:
+        a new one, or with `resume` the one of that id ("latest": the most recent)."""
+        config = config or AgentConfig()
+        gate = Gate(mode, approve)
+        store = ConversationStore(workspace, store_root)
+        if resume == "latest":
+            conversation = store.latest() or store.new()
+        elif resume:
+            conversation = store.open(resume)
+        else:
+            conversation = store.new()
+        own_client = client is None
+        backend = None
+        try:
+            if client is None:
+                client = await AsyncClient.connect(socket)
+            backend = await Backend.open(
+                client, workspace, writable=gate.mode is not Mode.PLAN,
+                network=config.network, env=config.env,
+                provider=provider or getattr(model, "provider", "anthropic"),
+                repl_timeout_s=config.repl_timeout_s)
+            context = await gather_context(backend)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                if backend is not None:
+                    await backend.aclose()
+                if own_client and client is not None:
+                    await client.aclose()
+            conversation.close()
+            raise
+        system = SYSTEM.format(workspace=backend.workspace, mode=MODE_NOTES[gate.mode],
+                               network="on" if config.network == "host" else "off",
+                               instructions=config.instructions, context=context)
+        return cls(model=model, backend=backend, conversation=conversation, gate=gate,
+                   config=config, system=system, client=client, own_client=own_client)
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """End the session (every background process and REPL in it), release the
+        conversation. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            try:
+                await self.backend.aclose()
+            finally:
+                self.conversation.close()
+                if self._own_client:
+                    await self._client.aclose()
+
+    def cancel(self) -> None:
+        """Cancel the turn in flight (it ends `interrupted`); nothing if none is."""
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def run_turn(self, prompt: str, *, on_event: Callable[[dict], None] | None = None,
+                       on_text: Callable[[str], None] | None = None) -> TurnResult:
+        """Run one turn for `prompt`. Returns its result whatever its outcome; a
+        cancellation from outside (an enclosing scope) is recorded, then propagates."""
+        if self._closed:
+            raise RuntimeError("this agent is closed; open a new one")
+        if self._scope is not None:
+            raise RuntimeError("a turn is already running on this agent")
+        turn = _Turn(self.conversation.next_turn())
+        with trio.CancelScope() as self._scope:
+            try:
+                await _Loop(self, turn, on_event, on_text).run(prompt)
+            finally:
+                self._scope = None
+        return turn.result()
+
+
+def _is_cancellation(e: BaseException) -> bool:
+    """A cancel or Ctrl-C, also when a nursery on the way wrapped it in a group."""
+    if isinstance(e, BaseExceptionGroup):
+        return e.split((trio.Cancelled, KeyboardInterrupt))[1] is None
+    return isinstance(e, (trio.Cancelled, KeyboardInterrupt))
+
+
+class _Loop:
+    """One turn's run: the steps, the tools, and the ending (see the module)."""
+
+    def __init__(self, agent: Agent, turn: _Turn, on_event, on_text):
+        self.agent = agent
+        self.turn = turn
+        self.config = agent.config
+        self.conversation = agent.conversation
+        self.backend = agent.backend
+        self.on_event = on_event
+        self.on_text = on_text
+
+    def log(self, type: str, **fields) -> None:
+        event = self.conversation.log(type, self.turn.number, **fields)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    async def run(self, prompt: str) -> None:
+        turn = self.turn
+        self.log("turn_start", prompt=prompt, conversation=self.conversation.id)
+        self.conversation.append(UserMessage([Text(prompt)]))
+        deadline = trio.current_time() + self.config.wall_s
+        try:
+            await self.backend.begin_turn()
+            while turn.outcome is None:
+                if trio.current_time() >= deadline:
+                    turn.end(Outcome.BUDGET_EXHAUSTED,
+                             f"the turn's wall-clock budget ({self.config.wall_s:g} s) was spent "
+                             f"before request {turn.steps + 1}")
+                elif turn.steps >= self.config.max_steps:
+                    await self.final_report()
+                    turn.end(Outcome.BUDGET_EXHAUSTED,
+                             f"the step budget ({self.config.max_steps} model requests) was "
+                             f"spent; the model gave a final report")
+                else:
+                    reply = await self.request()
+                    if not reply.tool_calls:
+                        turn.end(Outcome.COMPLETED)
+                    else:
+                        await self.run_tools(reply.tool_calls)
+        except BaseException as e:
+            if _is_cancellation(e):
+                turn.end(Outcome.INTERRUPTED, "cancelled")
+                raise
+            if isinstance(e, ContextOverflow):
+                turn.end(Outcome.FAILED, f"context: {e}; the conversation is kept as it was")
+            else:
+                turn.end(Outcome.FAILED, f"{type(e).__name__}: {e}")
+            if not isinstance(e, Exception):
+                raise
+            # Otherwise the turn has failed, and the agent and its session stay usable.
+        finally:
+            with trio.CancelScope(shield=True):
+                answered = self.conversation.answer_open_calls(
+                    f"the turn ended {turn.outcome.value} first")
+                for result in answered:
+                    self.log("tool_result", id=result.call_id, name=result.name,
+                             text=result.text, is_error=True)
+                repls = await self.backend.end_turn()
+                self.log("outcome", outcome=turn.outcome.value, reason=turn.reason,
+                         steps=turn.steps, tool_calls=turn.tool_calls, repls_ended=repls)
+
+    # ------------------------------------------------------------ model requests
+
+    async def _send(self, *, max_tokens: int, kind: str) -> ModelReply:
+        agent = self.agent
+        base = ModelRequest(system=agent.system, messages=[], tools=list(TOOLS),
+                            max_tokens=max_tokens)
+        fitted = await fit_history(agent.model, self.conversation.messages, base, agent.budget)
+        if fitted.summary is not None:
+            self.conversation.insert(fitted.at, fitted.summary)
+            self.log("compaction", summary=fitted.summary.text, at=fitted.at,
+                     tokens=fitted.tokens, budget=agent.budget.tokens,
+                     budget_guessed=agent.budget.guessed)
+        refs = [p for m in fitted.messages if isinstance(m, UserMessage)
+                for p in m.content if isinstance(p, ImageRef)]
+        images = await self.backend.load_images(refs)
+        request = ModelRequest(system=agent.system, messages=fitted.messages, tools=base.tools,
+                               max_tokens=max_tokens)
+        self.turn.steps += 1
+        self.log("request", kind=kind, step=self.turn.steps, messages=len(fitted.messages),
+                 images=len(images), tokens_estimate=fitted.tokens,
+                 budget=agent.budget.tokens, budget_guessed=agent.budget.guessed)
+        reply = await agent.model.complete(request, images, self.on_text)
+        self.log("reply", step=self.turn.steps, text=reply.text, stop=reply.stop,
+                 tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments}
+                             for c in reply.tool_calls],
+                 usage=msgspec.to_builtins(reply.usage))
+        if reply.text:
+            self.turn.text = reply.text
+        return reply
+
+    async def request(self) -> ModelReply:
+        reply = await self._send(max_tokens=self.config.max_tokens, kind="step")
+        self.conversation.append(AssistantMessage(text=reply.text, tool_calls=reply.tool_calls))
+        return reply
+
+    async def final_report(self) -> None:
+        """One bounded request for a report once the step budget is spent. Tools are still
+        declared (the history holds tool calls, which some providers only accept then), but
+        nothing it asks for runs: its calls are dropped."""
+        self.conversation.append(UserMessage(
+            [Text(FINAL_REPORT.format(steps=self.config.max_steps))], attachment=True))
+        reply = await self._send(max_tokens=self.config.final_report_tokens, kind="final_report")
+        self.conversation.append(AssistantMessage(text=reply.text))
+
+    # ------------------------------------------------------------ tools
+
+    async def run_tools(self, calls: list[ToolCall]) -> None:
+        turn = self.turn
+        images: list[ImageRef] = []
+        for i, call in enumerate(calls):
+            outcome = await self.run_tool(call)
+            text = outcome.text
+            last = i == len(calls) - 1
+            if last and turn.tool_calls >= self.config.nudge_after and not turn.nudged:
+                turn.nudged = True
+                text += "\n" + NUDGE.format(n=turn.tool_calls)
+                self.log("nudge", tool_calls=turn.tool_calls)
+            # Saved one by one: a turn cancelled mid-step keeps the results it has.
+            self.conversation.append(ToolResult(call_id=call.id, name=call.name, text=text,
+                                                is_error=outcome.is_error))
+            images.extend(outcome.images)
+        if images:
+            parts = []
+            for ref in images:
+                parts += [Text(f"The image {ref.path}, as read_image asked:"), ref]
+            self.conversation.append(UserMessage(parts, attachment=True))
+
+    async def run_tool(self, call: ToolCall) -> ToolOutcome:
+        turn = self.turn
+        turn.tool_calls += 1
+        self.log("tool_call", id=call.id, name=call.name, arguments=call.arguments,
+                 error=call.error)
+        key = (call.name, json.dumps(call.arguments, sort_keys=True, default=str))
+        turn.runs[key] += 1
+        if turn.runs[key] > self.config.duplicate_runs:
+            outcome = ToolOutcome(SKIPPED.format(name=call.name, runs=self.config.duplicate_runs))
+            self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
+                     is_error=False, skipped=True)
+            return outcome
+        decision = await self.agent.gate.check(call)
+        if decision.asked or not decision.allowed:
+            self.log("approval", id=call.id, name=call.name, allowed=decision.allowed,
+                     asked=decision.asked, mode=self.agent.gate.mode.value)
+        if not decision.allowed:
+            outcome = ToolOutcome(decision.message, is_error=True)
+        else:
+            outcome = await self.backend.call(call)
+        self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
+                 is_error=outcome.is_error, images=[r.path for r in outcome.images])
+        return outcome

@@ -1,0 +1,202 @@
+"""The tool backend through a real daemon: what the model reads back for each tool."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+
+import pytest
+from PIL import Image
+
+from agent.backend import RESULT_CHARS
+from agent.history import ImageRef, ToolResult, UserMessage
+import agentkit
+from agent.models.scripted import call, reply
+from conftest import module_daemon as shared_daemon, needs_bwrap
+
+pytestmark = needs_bwrap
+
+
+@pytest.fixture(scope="module")
+def module_daemon():
+    yield from shared_daemon()
+
+
+kit = agentkit.kit
+
+
+def results(model, request: int = -1) -> list[ToolResult]:
+    return [m for m in model.requests[request].messages if isinstance(m, ToolResult)]
+
+
+async def run_calls(kit, *calls, agent=None, prompt="go"):
+    """One turn in which the model makes `calls` one step each, then answers "done"; the
+    model (its requests) and the agent."""
+    agent = agent or await kit.open()
+    agent.model.add(*[reply("", c) for c in calls], reply("done"))
+    result = await agent.run_turn(prompt)
+    assert result.outcome == "completed", result
+    return agent.model, agent
+
+
+async def test_a_long_result_is_capped_and_names_the_whole_output(kit):
+    model, agent = await run_calls(kit, call("run_terminal", command="seq 1 200000"))
+    text = results(model)[-1].text
+    assert len(text) <= RESULT_CHARS
+    assert text.startswith("1\n2\n3\n") and "200000" in text and "100000\n" not in text
+    expected = "".join(f"{i}\n" for i in range(1, 200001)).encode()
+    m = re.search(rf"output cut: {len(expected)} bytes in all; the whole output is in "
+                  rf"(/tmp/\S+) ", text)
+    assert m, text[-400:]
+    # The file holds every byte: the model can grep it instead of running the command again.
+    r = await agent.backend.client.shell_run(agent.backend.session, f"sha256sum {m[1]}")
+    assert r["output"].split()[0] == hashlib.sha256(expected).hexdigest()
+
+
+async def test_a_cd_holds_for_the_next_call(kit):
+    os.makedirs(os.path.join(kit.workspace, "sub", "deeper"))
+    model, agent = await run_calls(
+        kit,
+        call("run_terminal", command="cd sub"),
+        call("run_terminal", command="pwd; cd deeper"),
+        call("run_terminal", command="pwd; cd /tmp"),
+        call("run_terminal", command="pwd && cd /"),
+        call("run_terminal", command="pwd"),
+    )
+    ws = os.path.realpath(kit.workspace)
+    texts = [r.text for r in results(model)]
+    assert "[now in sub/]" in texts[0]
+    assert texts[1].startswith(f"{ws}/sub\n") and "[now in sub/deeper/]" in texts[1]
+    assert texts[2].startswith(f"{ws}/sub/deeper\n") and "[now in /tmp]" in texts[2]
+    assert texts[3].startswith("/tmp\n")  # outside the workspace too, as in a terminal
+    assert texts[4].startswith("/\n")
+
+
+async def test_a_vanished_folder_falls_back_to_the_workspace(kit):
+    os.makedirs(os.path.join(kit.workspace, "gone"))
+    model, _ = await run_calls(kit, call("run_terminal", command="cd gone && rmdir ../gone"),
+                               call("run_terminal", command="pwd"))
+    text = results(model)[-1].text
+    ws = os.path.realpath(kit.workspace)
+    assert text.startswith(f"[could not enter {ws}/gone (") and \
+        "): this ran in the workspace root]\n" in text
+    assert f"\n{ws}\n" in text
+
+
+async def test_exit_signal_timeout_and_orphans_are_said_briefly(kit):
+    model, _ = await run_calls(
+        kit,
+        call("run_terminal", command="echo out; exit 3"),
+        call("run_terminal", command="kill -9 $$"),
+        call("run_terminal", command="echo started; sleep 60", timeout_s=1),
+        call("run_terminal", command="sleep 1000 & echo bg"),
+    )
+    texts = [r.text for r in results(model)]
+    assert texts[0] == "out\n[exit code 3]"
+    assert texts[1] == "(no output)\n[killed by SIGKILL]"
+    assert texts[2].startswith("started\n[timed out after 1 s") and "process_start" in texts[2]
+    assert texts[3].startswith("bg\n[exit code 0]\n[1 process(es) it left running were ended")
+
+
+async def test_repl_output_and_errors(kit):
+    model, _ = await run_calls(
+        kit,
+        call("repl", code="x = 41\nx + 1"),
+        call("repl", code="1/0"),
+        call("repl", code="print('y' * 100000)"),
+    )
+    texts = [r.text for r in results(model)]
+    assert texts[0] == "42"
+    assert "ZeroDivisionError" in texts[1] and texts[1].endswith("[error]")
+    assert len(texts[2]) <= RESULT_CHARS and "the whole output is in /tmp/" in texts[2]
+
+
+async def test_processes_outside_this_agent_are_unknown_ids(kit, module_daemon):
+    # Ids are daemon-wide: a model must not reach another session's process by guessing.
+    with module_daemon.client() as c:
+        other = c.session_open(kit.workspace)["session"]
+        foreign = c.process_start(other, "sleep 1000")["id"]
+        try:
+            model, _ = await run_calls(
+                kit,
+                call("process_start", command="echo hello; sleep 1000", name="mine"),
+                call("process_output", id=foreign),
+                call("process_stop", id=foreign),
+                call("process_output", id="bg99999"),
+            )
+            texts = [r.text for r in results(model)]
+            mine = re.match(r"Started (bg\d+)\.", texts[0])[1]
+            for text, pid in ((texts[1], foreign), (texts[2], foreign), (texts[3], "bg99999")):
+                assert text == (f"There is no background process {pid!r} of yours. Processes "
+                                f"you started: {mine} (echo hello; sleep 1000).")
+            assert c.process_output(foreign, since=0)["status"] == "running"
+        finally:
+            c.session_close(other)
+
+
+async def test_process_output_and_stop(kit):
+    agent = await kit.open([
+        reply("", call("process_start", command="echo ready; exec sleep 1000")),
+        lambda req: reply("", call("process_output", id=_started(req), until="ready")),
+        lambda req: reply("", call("process_stop", id=_started(req))),
+        reply("done"),
+    ])
+    assert (await agent.run_turn("go")).outcome == "completed"
+    texts = [r.text for r in results(agent.model)]
+    pid = _started(agent.model.requests[-1])
+    assert texts[1] == f"ready\n[{pid} is running]"
+    assert texts[2].startswith(f"{pid} stopped")
+
+
+def _started(request) -> str:
+    for m in request.messages:
+        if isinstance(m, ToolResult) and m.text.startswith("Started "):
+            return re.match(r"Started (bg\d+)", m.text)[1]
+    raise AssertionError("no process started")
+
+
+def png(path: str, size=(64, 48)) -> None:
+    Image.new("RGB", size, (200, 30, 30)).save(path)
+
+
+async def test_read_image_attaches_the_path_not_the_bytes(kit):
+    png(os.path.join(kit.workspace, "red.png"))
+    agent = await kit.open()
+    model, _ = await run_calls(kit, call("read_image", path="red.png"), agent=agent)
+    text = results(model)[-1].text
+    ws = os.path.realpath(kit.workspace)
+    assert text == f"{ws}/red.png: PNG image, shown 64x48. It is attached below."
+    last = model.requests[-1].messages
+    attachment = next(m for m in last if isinstance(m, UserMessage) and m.attachment)
+    refs = [p for p in attachment.content if isinstance(p, ImageRef)]
+    assert refs == [ImageRef(path=f"{ws}/red.png")]  # stored as a path
+    loaded = model.images[-1][refs[0]]
+    assert loaded.missing is None and (loaded.width, loaded.height) == (64, 48)
+    assert Image.open(io.BytesIO(loaded.data)).size == (64, 48)
+    # Between turns the file vanishes: the next request says so instead of failing.
+    os.remove(os.path.join(kit.workspace, "red.png"))
+    await run_calls(kit, agent=agent, prompt="again")
+    loaded = model.images[-1][refs[0]]
+    assert loaded.missing and "red.png" in loaded.missing and not loaded.data
+
+
+async def test_read_image_of_a_missing_or_non_image_file(kit):
+    kit.write("notes.txt", "hello\n")
+    model, _ = await run_calls(kit, call("read_image", path="nope.png"),
+                               call("read_image", path="notes.txt"))
+    texts = [r.text for r in results(model)]
+    assert texts[0].startswith("read_image: ") and "nope.png" in texts[0]
+    assert texts[1].startswith("read_image: ") and "notes.txt" in texts[1]
+    assert all(r.is_error for r in results(model))
+
+
+async def test_bad_arguments_are_answered_not_run(kit):
+    model, _ = await run_calls(kit, call("run_terminal", command=5),
+                               call("run_terminal", command="true", timeout_s=-1),
+                               call("make_coffee", strength=9))
+    texts = [r.text for r in results(model)]
+    assert texts[0] == "run_terminal: Expected `str`, got `int` - at `command`"
+    assert texts[1] == "run_terminal: Expected `float` > 0.0 - at `timeout_s`"
+    assert texts[2].startswith("There is no tool 'make_coffee'; the tools are run_terminal")
