@@ -13,6 +13,7 @@ import pytest
 from conftest import RunningDaemon, module_daemon as shared_daemon, needs_bwrap
 from test_no_sandbox import path_without_bwrap
 from toolsd.client import ToolsdError
+from toolsd.spill import MAX_FILES
 
 pytestmark = needs_bwrap
 
@@ -97,6 +98,23 @@ def test_the_file_stops_at_the_session_file_size_limit(client, workspace):
         assert "file size limit" in tail["output"] and "1951424 more bytes were not kept" \
             in tail["output"]
         assert tail["output"].endswith("0\n")  # the first MiB is all output
+    finally:
+        client.session_close(s)
+
+
+def test_spill_files_of_a_session_are_bounded_in_number_and_size(client, workspace):
+    s = client.session_open(workspace, limits={"file_mb": 1})["session"]
+    try:
+        for _ in range(MAX_FILES + 20):
+            r = client.shell_run(s, "echo spilled", max_output_chars=0, spill=True)
+            assert r["output_file"]
+        listed = client.shell_run(s, "ls /tmp | wc -l")["output"]
+        assert int(listed) == MAX_FILES
+        # A big one pushes out the others: together they stay within the file size limit.
+        r = client.shell_run(s, "head -c 1048576 /dev/zero", max_output_chars=10, spill=True)
+        left = client.shell_run(s, "ls /tmp; du -cb /tmp/* | tail -1")["output"].split()
+        assert left[0] == os.path.basename(r["output_file"])
+        assert int(left[-2]) <= 1 << 20
     finally:
         client.session_close(s)
 

@@ -21,11 +21,15 @@ __all__ = ["Spill", "Spills", "tee"]
 # Tries at a fresh name when sandboxed code already made files with the next ones.
 NAME_TRIES = 64
 NAME = "toolsd-output-{}.txt"
+# At most this many spill files per session (the oldest go first), however small: a client
+# asking for a spill of every tiny output must not fill the folder with files.
+MAX_FILES = 256
 
 
 class Spills:
     """The spill files of one session. Each holds at most `file_cap` bytes, and together they
-    hold at most that too: the oldest are deleted first, so floods cannot fill the disk.
+    hold at most that too, in at most MAX_FILES files: the oldest are deleted first, so floods
+    cannot fill the disk.
 
     Files are created directly in the scratch folder (which sandboxed code cannot replace: it
     is the sandbox's /tmp mount point) with O_EXCL | O_NOFOLLOW, so a name planted there by
@@ -60,7 +64,8 @@ class Spills:
     def _keep(self, name: str, size: int) -> str:
         self._kept.append((name, size))
         self._kept_bytes += size
-        while self._kept_bytes > self.file_cap and len(self._kept) > 1:
+        while (self._kept_bytes > self.file_cap or len(self._kept) > MAX_FILES) and \
+                len(self._kept) > 1:
             old, old_size = self._kept.popleft()
             self._kept_bytes -= old_size
             _unlink(os.path.join(self.folder, old))
