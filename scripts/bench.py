@@ -256,6 +256,34 @@ def bench_shell() -> None:
     report("daemon RSS growth during the flood", f"{growth / 1e6:8.1f} MB", target="< 32 MB")
 
 
+def bench_spill_cwd() -> None:
+    """What the 1.1 options cost: a flood kept whole in a file (spill) next to the same flood
+    without it, and shell.run('true') reporting its folder next to without."""
+    n = 200
+    size = 256_000_000
+    with running_daemon("--no-warm-spare") as (sock, root, proc):
+        workspace = os.path.join(root, "ws")
+        os.makedirs(workspace)
+        with Client(sock) as c:
+            session = c.session_open(workspace)["session"]
+            plain = stats(timed(lambda: c.shell_run(session, "true"), n))[0]
+            cwd = stats(timed(lambda: c.shell_run(session, "true", report_cwd=True), n))[0]
+            drains = {}
+            for spill in (False, True):
+                t = time.perf_counter()
+                r = c.shell_run(session, f"yes | head -c {size}", max_output_chars=1000,
+                                timeout_s=600, spill=spill)
+                drains[spill] = time.perf_counter() - t
+                assert r["output_bytes"] == size and ("output_file" in r) == spill
+            c.session_close(session)
+    report("shell.run('true', report_cwd=True), median", ms(cwd), anchor=f"without {ms(plain)}",
+           ratio=cwd / plain)
+    report("drain rate of yes | head -c 256 MB, spill: true",
+           f"{size / drains[True] / 1e6:8.0f} MB/s",
+           anchor=f"without spill {size / drains[False] / 1e6:.0f} MB/s",
+           ratio=drains[False] / drains[True])
+
+
 def section(module: str, function: str):
     """A section kept in its own file (scripts/bench_*.py); those import this module's
     helpers, so they are imported when run, not at the top."""
@@ -268,6 +296,7 @@ def section(module: str, function: str):
 SECTIONS = {
     "hello": bench_hello,
     "shell": bench_shell,
+    "spill-cwd": bench_spill_cwd,
     "repl": section("bench_repl", "bench_repl"),
     "load-once": section("bench_repl", "bench_load_once"),
     "processes": section("bench_processes", "bench_processes"),
