@@ -9,7 +9,9 @@ the window of history that fits the route's context budget.
   turns. Everything before the last `Summary` is replaced by it.
 - Compaction (seed 002): when the window would exceed the budget, the older part is
   summarized by the model in one bounded request and the turn goes on; if the rest still does
-  not fit, `ContextOverflow`, and the turn fails with the conversation kept as it was.
+  not fit, `DoesNotFit`, and the turn fails with the conversation kept as it was. A server
+  that refuses a request as too long (its window smaller than the budget said) gets one
+  compacted request more (`force`).
 
 Token counts are estimates (characters / 4, a fixed price per picture); the budget's origin
 (config, provider, or a guess) is carried along and said when it matters.
@@ -34,7 +36,7 @@ from agent.history import (
 )
 from agent.models.base import ContextBudget, Model
 
-__all__ = ["CONTEXT_CHARS", "ContextOverflow", "assemble_context", "estimate_tokens",
+__all__ = ["CONTEXT_CHARS", "DoesNotFit", "assemble_context", "estimate_tokens",
            "fit_history", "gather_context", "resolve_budget", "summarize_metadata", "window"]
 
 CONTEXT_CHARS = 8000
@@ -55,8 +57,9 @@ SUMMARY_TOKENS = 2048
 TRANSCRIPT_MESSAGE_CHARS = 2000
 
 
-class ContextOverflow(Exception):
-    """The history cannot be brought within the budget; the message says how far off."""
+class DoesNotFit(Exception):
+    """The history cannot be brought within the budget; the message says how far off. (A
+    server's own refusal is agent.models.base.ContextOverflow.)"""
 
 
 # ---------------------------------------------------------------- repository context (pure)
@@ -241,19 +244,20 @@ class Fitted(msgspec.Struct, frozen=True):
 
 
 async def fit_history(model: Model, history: list[Message], base: ModelRequest,
-                      budget: ContextBudget) -> Fitted:
+                      budget: ContextBudget, *, force: bool = False) -> Fitted:
     """The window of `history` within `budget` for a request like `base`, compacting once if
-    needed. Raises ContextOverflow (nothing changed) when it cannot fit."""
+    needed (or, with `force`, anyway: the server refused it). Raises DoesNotFit (nothing
+    changed) when it cannot fit."""
     messages = window(history)
     tokens = estimate_tokens(_with(base, messages))
-    if tokens <= budget.tokens:
+    if tokens <= budget.tokens and not force:
         return Fitted(messages, tokens)
     fixed = estimate_tokens(_with(base, []))
     cut = _cut(messages, int(budget.tokens * KEEP_SHARE) - fixed)
     if cut is None:  # a long last step: keep less room for the summary
         cut = _cut(messages, budget.tokens - fixed - _summary_tokens(budget))
     if cut is None:
-        raise ContextOverflow(
+        raise DoesNotFit(
             f"the conversation needs about {tokens} tokens and the model's context budget is "
             f"{_budget_words(budget)}; even its last step alone does not fit, so nothing "
             f"older can be summarized away")
@@ -262,7 +266,7 @@ async def fit_history(model: Model, history: list[Message], base: ModelRequest,
     fitted = [summary, *kept]
     new_tokens = estimate_tokens(_with(base, fitted))
     if new_tokens > budget.tokens:
-        raise ContextOverflow(
+        raise DoesNotFit(
             f"the conversation needs about {tokens} tokens and the model's context budget is "
             f"{_budget_words(budget)}; summarizing the older part still left about "
             f"{new_tokens}")
@@ -309,7 +313,7 @@ async def _summarize(model: Model, older: list[Message], kept: list[Message],
     reply = await model.complete(request, {}, None)
     text = reply.text.strip()
     if not text:
-        raise ContextOverflow("the model returned an empty summary when asked to compact the "
+        raise DoesNotFit("the model returned an empty summary when asked to compact the "
                               "conversation")
     prompt = _open_request(older, kept)
     if prompt is not None:

@@ -33,7 +33,7 @@ import msgspec
 import trio
 
 from agent.backend import Backend, ToolOutcome
-from agent.context import ContextOverflow, fit_history, gather_context, resolve_budget
+from agent.context import DoesNotFit, fit_history, gather_context, resolve_budget
 from agent.conversation import Conversation, ConversationStore
 from agent.gates import Approver, Gate, Mode
 from agent.history import (
@@ -45,7 +45,7 @@ from agent.history import (
     ToolResult,
     UserMessage,
 )
-from agent.models.base import Model, ModelReply
+from agent.models.base import ContextOverflow, Model, ModelReply
 from agent.tools import TOOLS
 from toolsd.client import AsyncClient
 
@@ -292,7 +292,7 @@ class _Loop:
             if _is_cancellation(e):
                 turn.end(Outcome.INTERRUPTED, "cancelled")
                 raise
-            if isinstance(e, ContextOverflow):
+            if isinstance(e, DoesNotFit):
                 turn.end(Outcome.FAILED, f"context: {e}; the conversation is kept as it was")
             else:
                 turn.end(Outcome.FAILED, f"{type(e).__name__}: {e}")
@@ -313,25 +313,41 @@ class _Loop:
     # ------------------------------------------------------------ model requests
 
     async def _send(self, *, max_tokens: int, kind: str) -> ModelReply:
+        """One model request over the history's window. A compaction takes effect (is put
+        in the history) once a request made with it is answered."""
         agent = self.agent
         base = ModelRequest(system=agent.system, messages=[], tools=list(TOOLS),
                             max_tokens=max_tokens)
-        fitted = await fit_history(agent.model, self.conversation.messages, base, agent.budget)
+        self.turn.steps += 1
+        refused = None
+        while True:
+            fitted = await fit_history(agent.model, self.conversation.messages, base,
+                                       agent.budget, force=refused is not None)
+            refs = [p for m in fitted.messages if isinstance(m, UserMessage)
+                    for p in m.content if isinstance(p, ImageRef)]
+            images = await self.backend.load_images(refs)
+            request = ModelRequest(system=agent.system, messages=fitted.messages,
+                                   tools=base.tools, max_tokens=max_tokens)
+            self.log("request", kind=kind, step=self.turn.steps, messages=len(fitted.messages),
+                     images=len(images), tokens_estimate=fitted.tokens,
+                     budget=agent.budget.tokens, budget_guessed=agent.budget.guessed,
+                     compacted=fitted.summary is not None)
+            try:
+                reply = await agent.model.complete(request, images, self.on_text)
+            except ContextOverflow as e:
+                if refused is not None:
+                    raise DoesNotFit(f"the model refused the request as too long even after "
+                                     f"compaction ({e})") from None
+                # Its window is smaller than the budget said: compact, and ask once more.
+                refused = str(e)
+                self.log("refused", step=self.turn.steps, message=refused)
+                continue
+            break
         if fitted.summary is not None:
             self.conversation.insert(fitted.at, fitted.summary)
             self.log("compaction", summary=fitted.summary.text, at=fitted.at,
                      tokens=fitted.tokens, budget=agent.budget.tokens,
-                     budget_guessed=agent.budget.guessed)
-        refs = [p for m in fitted.messages if isinstance(m, UserMessage)
-                for p in m.content if isinstance(p, ImageRef)]
-        images = await self.backend.load_images(refs)
-        request = ModelRequest(system=agent.system, messages=fitted.messages, tools=base.tools,
-                               max_tokens=max_tokens)
-        self.turn.steps += 1
-        self.log("request", kind=kind, step=self.turn.steps, messages=len(fitted.messages),
-                 images=len(images), tokens_estimate=fitted.tokens,
-                 budget=agent.budget.tokens, budget_guessed=agent.budget.guessed)
-        reply = await agent.model.complete(request, images, self.on_text)
+                     budget_guessed=agent.budget.guessed, refused=refused)
         self.log("reply", step=self.turn.steps, text=reply.text, stop=reply.stop,
                  tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments}
                              for c in reply.tool_calls],

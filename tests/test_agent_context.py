@@ -24,7 +24,7 @@ from agent.history import (
     ToolResult,
     UserMessage,
 )
-from agent.models.base import ContextBudget
+from agent.models.base import ContextBudget, ContextOverflow
 from agent.models.scripted import ScriptedModel, call, reply
 from agent.turn import AgentConfig
 import agentkit
@@ -137,7 +137,10 @@ def step_or_summary(plan):
     def respond(request):
         if request.system == COMPACT_SYSTEM:
             return reply("SUMMARY: the user asked for numbers; three seq runs printed them.")
-        return next(plan)
+        step = next(plan)
+        if isinstance(step, BaseException):
+            raise step
+        return step
     return itertools.repeat(respond)
 
 
@@ -185,3 +188,34 @@ async def test_a_history_that_cannot_fit_fails_the_turn_and_keeps_the_conversati
                                              budget=ContextBudget(300, guessed=True)),
                          config=AgentConfig(context_tokens=50_000))
     assert (await big.run_turn("hello")).outcome == "completed"
+
+
+@needs_bwrap
+async def test_a_server_refusing_a_request_as_too_long_gets_one_compacted_request(kit):
+    model = ScriptedModel(step_or_summary([
+        reply("", call("run_terminal", command="seq 1 10")),
+        ContextOverflow("the request is larger than the model's context window"),
+        reply("done"),
+    ]))
+    agent = await kit.open(model=model)
+    result = await agent.run_turn("print numbers")
+    assert result.outcome == "completed" and result.steps == 2
+    assert [r.system == COMPACT_SYSTEM for r in model.requests] == [False, False, True, False]
+    assert isinstance(model.requests[-1].messages[0], Summary)
+    types = [e["type"] for e in agent.conversation.events()]
+    assert types.index("refused") < types.index("compaction")
+    assert sum(isinstance(m, Summary) for m in agent.conversation.messages) == 1
+
+
+@needs_bwrap
+async def test_refused_again_after_compaction_the_turn_fails_and_keeps_the_history(kit):
+    too_long = ContextOverflow("the request is larger than the model's context window")
+    model = ScriptedModel(step_or_summary([
+        reply("", call("run_terminal", command="seq 1 10")), too_long, too_long]))
+    agent = await kit.open(model=model)
+    result = await agent.run_turn("print numbers")
+    assert result.outcome == "failed"
+    assert result.reason.startswith("context: the model refused the request as too long even "
+                                    "after compaction")
+    assert not any(isinstance(m, Summary) for m in agent.conversation.messages)
+    assert prompts(agent.conversation.messages) == ["print numbers"]
