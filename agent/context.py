@@ -319,7 +319,7 @@ async def _summarize(model: Model, older: list[Message], kept: list[Message],
     if prompt is not None:
         # The request being worked on is kept word for word: a summary may lose it.
         text += f"\n\nThe user's current request, verbatim:\n{prompt}"
-    return Summary(f"Summary of the earlier conversation (compacted):\n{text}")
+    return Summary(text)
 
 
 def _summary_tokens(budget: ContextBudget) -> int:

@@ -14,8 +14,9 @@ __all__ = ["TOOLS", "TOOL_NAMES", "READ_ONLY", "spec"]
 
 
 def _schema(required: list[str], **properties: dict) -> dict:
-    return {"type": "object", "properties": properties, "required": required,
-            "additionalProperties": False}
+    # No "additionalProperties": Gemini's function declarations refuse it, and the backend
+    # ignores arguments it does not know anyway.
+    return {"type": "object", "properties": properties, "required": required}
 
 
 TOOLS: list[ToolSpec] = [
