@@ -168,12 +168,6 @@ class Agent:
         config = config or AgentConfig()
         gate = Gate(mode, approve)
         store = ConversationStore(workspace, store_root)
-        if resume == "latest":
-            conversation = store.latest() or store.new()
-        elif resume:
-            conversation = store.open(resume)
-        else:
-            conversation = store.new()
         own_client = client is None
         backend = None
         try:
@@ -185,13 +179,19 @@ class Agent:
                 provider=provider or getattr(model, "provider", "anthropic"),
                 repl_timeout_s=config.repl_timeout_s)
             context = await gather_context(backend)
+            # Last, so that an agent that could not start leaves no empty conversation.
+            if resume == "latest":
+                conversation = store.latest() or store.new()
+            elif resume:
+                conversation = store.open(resume)
+            else:
+                conversation = store.new()
         except BaseException:
             with trio.CancelScope(shield=True):
                 if backend is not None:
                     await backend.aclose()
                 if own_client and client is not None:
                     await client.aclose()
-            conversation.close()
             raise
         system = SYSTEM.format(workspace=backend.workspace, mode=MODE_NOTES[gate.mode],
                                network="on" if config.network == "host" else "off",

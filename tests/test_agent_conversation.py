@@ -13,9 +13,11 @@ import pytest
 
 from agent.conversation import ConversationBusy, ConversationStore
 from agent.history import AssistantMessage, UserMessage
-from agent.models.scripted import reply
+from agent.models.scripted import ScriptedModel, reply
+from agent.turn import Agent
 import agentkit
 from conftest import module_daemon as shared_daemon, needs_bwrap, wait_for
+from toolsd.client import ToolsdError
 
 pytestmark = needs_bwrap
 
@@ -114,3 +116,16 @@ async def test_a_turn_in_flight_when_the_process_died_is_marked_interrupted(kit)
     agent = await kit.open([reply("resumed")], resume="latest")
     assert (await agent.run_turn("go on")).outcome == "completed"
     assert agent.conversation.outcomes() == {1: "interrupted", 2: "completed"}
+
+
+async def test_an_agent_that_cannot_start_leaves_no_session_and_no_conversation(kit):
+    with pytest.raises(FileNotFoundError) as e:
+        await kit.open(resume="20000101-000000-abcdef")
+    assert "no conversation '20000101-000000-abcdef'" in str(e.value)
+    with pytest.raises(ToolsdError) as e:
+        await Agent.open(os.path.join(kit.workspace, "missing"), ScriptedModel([]),
+                         mode="auto", socket=kit.daemon.socket, store_root=kit.store)
+    assert e.value.code == "bad_params" and "does not exist" in e.value.message
+    with kit.daemon.client() as c:
+        assert c.session_list()["sessions"] == []
+    assert ConversationStore(kit.workspace, kit.store).ids() == []
