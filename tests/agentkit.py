@@ -12,7 +12,7 @@ import pytest
 
 from agent.models.scripted import ScriptedModel
 from agent.turn import Agent, AgentConfig
-from conftest import wait_gone
+from conftest import module_daemon as shared_daemon, wait_gone
 
 
 class Kit:
@@ -47,6 +47,13 @@ class Kit:
         assert wait_gone(self.sandbox_processes(), timeout=30) == [], \
             "an agent left its sandbox running"
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def module_daemon():
+    """One daemon per test module that takes it (`module_daemon = agentkit.module_daemon`):
+    its tests get a workspace and a conversation store each."""
+    yield from shared_daemon()
 
 
 @pytest.fixture

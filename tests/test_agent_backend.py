@@ -7,23 +7,18 @@ import io
 import os
 import re
 
-import pytest
 from PIL import Image
 
 from agent.backend import RESULT_CHARS
 from agent.history import ImageRef, ToolResult, UserMessage
 import agentkit
 from agent.models.scripted import call, reply
-from conftest import module_daemon as shared_daemon, needs_bwrap
+from conftest import needs_bwrap
 
 pytestmark = needs_bwrap
 
 
-@pytest.fixture(scope="module")
-def module_daemon():
-    yield from shared_daemon()
-
-
+module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 
@@ -200,3 +195,15 @@ async def test_bad_arguments_are_answered_not_run(kit):
     assert texts[0] == "run_terminal: Expected `str`, got `int` - at `command`"
     assert texts[1] == "run_terminal: Expected `float` > 0.0 - at `timeout_s`"
     assert texts[2].startswith("There is no tool 'make_coffee'; the tools are run_terminal")
+
+
+async def test_an_id_the_daemon_forgot_is_explained(kit):
+    # A daemon restart forgets every process (its ids are never reused); the agent still
+    # holds the id it started. Stood in for by an id it holds and the daemon never gave.
+    agent = await kit.open()
+    agent.backend.processes["bg424242"] = "npm run dev"
+    model, _ = await run_calls(kit, call("process_output", id="bg424242"),
+                               call("process_stop", id="bg424242"), agent=agent)
+    for text in (r.text for r in results(model)):
+        assert text == ("bg424242 is gone: toolsd was restarted since it was started, and its "
+                        "processes with it. Start it again with process_start.")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 
-import pytest
 from PIL import Image
 
 from agent.context import (
@@ -28,14 +27,10 @@ from agent.models.base import ContextBudget, ContextOverflow
 from agent.models.scripted import ScriptedModel, call, reply
 from agent.turn import AgentConfig
 import agentkit
-from conftest import module_daemon as shared_daemon, needs_bwrap
+from conftest import needs_bwrap
 
 
-@pytest.fixture(scope="module")
-def module_daemon():
-    yield from shared_daemon()
-
-
+module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 

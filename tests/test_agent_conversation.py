@@ -16,17 +16,13 @@ from agent.history import AssistantMessage, UserMessage
 from agent.models.scripted import ScriptedModel, reply
 from agent.turn import Agent
 import agentkit
-from conftest import module_daemon as shared_daemon, needs_bwrap, wait_for
+from conftest import needs_bwrap, wait_for
 from toolsd.client import ToolsdError
 
 pytestmark = needs_bwrap
 
 
-@pytest.fixture(scope="module")
-def module_daemon():
-    yield from shared_daemon()
-
-
+module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 

@@ -10,14 +10,10 @@ from agent.gates import node_write, python_write, shell_write
 from agent.history import ToolResult
 from agent.models.scripted import call, reply
 import agentkit
-from conftest import module_daemon as shared_daemon, needs_bwrap
+from conftest import needs_bwrap
 
 
-@pytest.fixture(scope="module")
-def module_daemon():
-    yield from shared_daemon()
-
-
+module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 

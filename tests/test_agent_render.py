@@ -17,16 +17,12 @@ from agent.providers import (
     render_openai_responses,
 )
 from agent.turn import AgentConfig
-from conftest import module_daemon as shared_daemon, needs_bwrap
+from conftest import needs_bwrap
 
 pytestmark = needs_bwrap
 
 
-@pytest.fixture(scope="module")
-def module_daemon():
-    yield from shared_daemon()
-
-
+module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 

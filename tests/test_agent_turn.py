@@ -7,7 +7,6 @@ import json
 import os
 import random
 
-import pytest
 import trio
 
 from agent.history import AssistantMessage, ToolResult, UserMessage
@@ -15,16 +14,12 @@ from agent.models.scripted import call, reply
 from agent.turn import AgentConfig
 import agentkit
 from agentkit import texts
-from conftest import module_daemon as shared_daemon, needs_bwrap, wait_gone
+from conftest import needs_bwrap, wait_gone
 
 pytestmark = needs_bwrap
 
 
-@pytest.fixture(scope="module")
-def module_daemon():
-    yield from shared_daemon()
-
-
+module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 
