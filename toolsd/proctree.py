@@ -15,6 +15,7 @@ import os
 import select
 import signal
 import time
+from typing import NamedTuple
 
 import psutil
 
@@ -30,18 +31,26 @@ def _child_map() -> dict[int, list[int]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
-            try:
-                stat = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-            # The command name may hold spaces and parentheses: fields start after the last ')'.
-            ppid = int(stat[stat.rindex(b")") + 2:].split(None, 2)[1])
-        except (OSError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
+        stat = _stat(int(name))
+        if stat is not None:
+            children.setdefault(stat[0], []).append(int(name))
     return children
+
+
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state letter, start tick) of a process from /proc/PID/stat; None if it
+    is gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            stat = os.read(fd, 1024)
+        finally:
+            os.close(fd)
+        # The command name may hold spaces and parentheses: fields start after the last ')'.
+        fields = stat[stat.rindex(b")") + 2:].split(None, 20)
+        return int(fields[1]), fields[0].decode(), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _walk(roots, children: dict[int, list[int]]) -> list[int]:
@@ -99,15 +108,7 @@ class _TreeKiller:
     def run(self, root_pid: int, include_root: bool) -> tuple[int, int]:
         first = True
         while True:
-            # Also walk from every tracked process still running: if the root itself died, its
-            # orphans went to some subreaper outside the root's tree, but their own children
-            # are still theirs.
-            roots = [root_pid, *self.running.values()]
-            found = _walk(roots, _child_map())
-            if first and include_root:
-                # Enumerate before signalling anything: once the root is gone, its children
-                # are no longer below it.
-                found.insert(0, root_pid)
+            found = self._find(root_pid, first and include_root)
             first = False
             new = [pid for pid in found if pid not in self.seen]
             self._track(new)
@@ -129,6 +130,17 @@ class _TreeKiller:
                 break  # something ignores even SIGKILL (uninterruptible sleep): report it
         survivors = len(self.running)
         return self.tracked - survivors, survivors
+
+    def _find(self, root_pid: int, with_root: bool) -> list[int]:
+        # Also walk from every tracked process still running: if the root itself died, its
+        # orphans went to some subreaper outside the root's tree, but their own children
+        # are still theirs.
+        found = _walk([root_pid, *self.running.values()], _child_map())
+        if with_root:
+            # Enumerate before signalling anything: once the root is gone, its children
+            # are no longer below it.
+            found.insert(0, root_pid)
+        return found
 
     def _track(self, pids) -> None:
         for pid in pids:
@@ -168,3 +180,135 @@ class _TreeKiller:
                 return False
             self._collect(max(1, int(left * 1000)))
         return True
+
+
+# ---------------------------------------------------------------- what appeared since a moment
+#
+# A REPL call's processes are those that appeared below its interpreter's shim (a subreaper:
+# orphans of the call, setsid or double-forked, come back to it) while the call ran, with
+# everything below them. A process from before the call (a server an earlier call started)
+# is not the call's, nor is anything it starts: the walk does not go below it.
+#
+# "Appeared while" is read from /proc/PID/stat's start time, in clock ticks of the boot-time
+# clock. A call and a process of the call before it often fall in the same tick, so the mark
+# also holds the last pid the kernel gave out: within one tick, a later pid is a later process.
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_NS_PER_TICK = 1_000_000_000 // _CLOCK_TICKS
+_last_pid_fd = -1  # /proc/sys/kernel/ns_last_pid, kept open: a pread is most of a mark
+_pid_max = 0
+
+
+class Mark(NamedTuple):
+    """A moment, as process start times can be compared with it."""
+
+    tick: int  # boot-time clock, in the clock ticks of /proc/PID/stat's start time
+    last_pid: int  # the last pid given out in our pid namespace then
+
+
+def mark() -> Mark:
+    """Now. Cheap (a clock read and a pread): taken for every REPL call."""
+    global _last_pid_fd
+    try:
+        if _last_pid_fd < 0:
+            _last_pid_fd = os.open("/proc/sys/kernel/ns_last_pid", os.O_RDONLY | os.O_CLOEXEC)
+        # The pid first: a process started between the two reads is then later on both.
+        last_pid = int(os.pread(_last_pid_fd, 32, 0))
+    except (OSError, ValueError):
+        last_pid = -1  # unknown: a process of the same tick is then taken for an earlier one
+    return Mark(time.clock_gettime_ns(time.CLOCK_BOOTTIME) // _NS_PER_TICK, last_pid)
+
+
+def _later(pid: int, tick: int, since: Mark) -> bool:
+    """Whether process `pid`, started at `tick`, started after `since`."""
+    if tick != since.tick or since.last_pid < 0:
+        return tick > since.tick
+    global _pid_max
+    if not _pid_max:
+        with open("/proc/sys/kernel/pid_max") as f:
+            _pid_max = int(f.read())
+    # Pids are given out in a cycle; within one tick a later process is a little ahead.
+    return 0 < (pid - since.last_pid) % _pid_max < _pid_max // 2
+
+
+def started_since(root_pid: int, keep_pid: int, since: Mark,
+                  children: dict[int, list[int]] | None = None) -> list[int]:
+    """The processes below `root_pid` that started after `since`, and everything below them,
+    parents first; `keep_pid` (the interpreter) is passed through, not taken."""
+    if children is None:
+        children = _child_map()
+    tops: list[int] = []
+    todo = [root_pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child == keep_pid:
+                todo.append(child)
+                continue
+            stat = _stat(child)
+            if stat is not None and _later(child, stat[2], since):
+                tops.append(child)
+    return tops + [pid for pid in _walk(tops, children) if pid != keep_pid]
+
+
+def interrupt_since(root_pid: int, keep_pid: int, since: Mark,
+                    sig: int = signal.SIGINT) -> frozenset[tuple[int, int]]:
+    """Send `sig` to every running process that started_since finds (as a terminal's ^C
+    reaches its foreground job); returns them as (pid, start tick)."""
+    sent = set()
+    for pid in started_since(root_pid, keep_pid, since):
+        stat = _stat(pid)
+        if stat is None or stat[1] == "Z":
+            continue
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            # Still the process we read: a pid freed meanwhile may be anyone's now.
+            now = _stat(pid)
+            if now is not None and now[2] == stat[2]:
+                signal.pidfd_send_signal(fd, sig)
+                sent.add((pid, stat[2]))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return frozenset(sent)
+
+
+def end_since(root_pid: int, keep_pid: int, since: Mark, *, grace_s: float,
+              interrupted: frozenset[tuple[int, int]] = frozenset()) -> tuple[int, int]:
+    """End what started_since finds as kill_tree ends a tree (SIGTERM, grace_s, SIGKILL, until
+    nothing new appears), sparing `keep_pid` and what was there before `since`.
+    (ended, survivors); ended also counts the processes of `interrupted` that ended since."""
+    dying = set()  # interrupted, and not yet ended: by us now, or by that signal meanwhile
+    for pid, tick in interrupted:
+        stat = _stat(pid)
+        if stat is not None and stat[1] != "Z" and stat[2] == tick:
+            dying.add(pid)
+    killer = _SinceKiller(grace_s, keep_pid, since)
+    try:
+        ended, survivors = killer.run(root_pid, False)
+    finally:
+        killer.close()
+    # Those the killer did not find running had ended: it stops only when nothing is left.
+    return ended + len(interrupted) - len(dying & killer.tracked_pids), survivors
+
+
+class _SinceKiller(_TreeKiller):
+    def __init__(self, grace_s: float, keep_pid: int, since: Mark):
+        super().__init__(grace_s)
+        self.keep_pid = keep_pid
+        self.since = since
+        self.tracked_pids: set[int] = set()  # those found running, which `tracked` counts
+
+    def _track(self, pids) -> None:
+        before = set(self.running.values())
+        super()._track(pids)
+        self.tracked_pids |= set(self.running.values()) - before
+
+    def _find(self, root_pid: int, with_root: bool) -> list[int]:
+        children = _child_map()
+        found = started_since(root_pid, self.keep_pid, self.since, children)
+        # Also below what is being ended: a process that left the root's tree meanwhile.
+        return list(dict.fromkeys(found + _walk(list(self.running.values()), children)))
