@@ -3,9 +3,9 @@
 //
 // Same framing as driver/python_repl.py (node 20, no npm packages). The host starts
 // `node node_repl.js` with fd 0 = /dev/null, fd 1 = fd 2 = the output pipe, fd 3 = the
-// command pipe. Fd 3 carries the session UUID on its first line, then one JSON-encoded string
-// of source per line; requests are numbered 1, 2, 3, ... After request N every byte the code
-// wrote is in the pipe, then the driver writes
+// command pipe, fd 4 = the interrupt pipe. Fd 3 carries the session UUID on its first line,
+// then one JSON-encoded string of source per line; requests are numbered 1, 2, 3, ... After
+// request N every byte the code wrote is in the pipe, then the driver writes
 //   "\x1eTOOLSD-" + uuid + ":" + N + ":" + {"status": "ok"|"error"|"interrupted"} + "\n"
 //
 // Behaviour:
@@ -13,9 +13,12 @@
 //   completion value is awaited and its result shown. Top-level `await` in the source is not
 //   supported (vm.Script has no module-level await; wrap the code in an async function).
 // - An exception: status "error", its stack (driver frames removed) ends the output.
-// - SIGINT (the host's timeout) breaks a running script (breakOnSigint) or abandons an awaited
-//   promise: status "interrupted", context kept. SIGINT while idle is ignored, except that
-//   one arriving just after a script ended may be kept by node and break the next script.
+// - Interrupts: the host writes N as a line on fd 4 (and sends SIGURG, which node ignores).
+//   If request N is running, or has been read and not yet begun, its script is broken
+//   (breakOnSigint) or its awaited promise abandoned: status "interrupted", context kept. An
+//   interrupt for any other request (one that has ended) does nothing: it never reaches a
+//   request it was not meant for, and never ends the driver (see "Interrupts" below).
+// - A SIGINT from elsewhere breaks a running script; while idle it is ignored.
 // - process.exit() from user code ends the driver (the host reports "crashed").
 // - Errors thrown later by timers or unhandled rejections are printed, not fatal.
 // - `let`/`const` at top level live in the context's script scope: declaring the same name
@@ -29,8 +32,10 @@ const { EventEmitter } = require('events');
 const util = require('util');
 const vm = require('vm');
 const Module = require('module');
+const { Worker } = require('worker_threads');
 
 const COMMAND_FD = 3;
+const INTERRUPT_FD = 4;
 const MARKER_PREFIX = '\x1eTOOLSD-';
 const DRIVER_FILE = __filename;
 
@@ -173,14 +178,128 @@ function report(text) {
   writeAllSync(2, text);
 }
 
-// --- Interrupts. While a script runs, breakOnSigint turns SIGINT into an exception. While
-// the driver awaits a promise, this listener abandons the await. While idle it does nothing:
-// having a listener at all is what keeps the default SIGINT action (exit) away.
+// --- Interrupts.
+//
+// Only a SIGINT breaks a running script (vm's breakOnSigint), and it must never land outside
+// the script it is meant for. One landing just after breakOnSigint ended kills node: node's
+// watchdog sets SIGINT's handler to "exit" when it stops, and vm gives SIGINT back to the
+// process's listeners only a moment later. So the host never sends one. It writes the number
+// of the request to interrupt on fd 4, and a thread of ours (the interrupter, a Worker: the
+// main thread is busy running the script) sends the SIGINT, but only while the main thread
+// is inside that request's script, as they agree through `interruptState`:
+//   [0]  what the main thread does: tag(seq) | SCRIPT, STOPPING, AWAITING, or IDLE
+//   [1]  tag(seq) of the last request the host asked to interrupt
+// The interrupter moves SCRIPT to STOPPING (compare-and-swap) and only then sends SIGINT; the
+// main thread leaves SCRIPT for IDLE by the same compare-and-swap before its script ends, and
+// if it finds STOPPING it waits, still inside the script, for the SIGINT to break it. So a
+// SIGINT is sent only when it will break the script it was meant for. The script that runs
+// under breakOnSigint is the driver's `runner`, which runs the user's script and then leaves
+// SCRIPT: the leaving happens inside it. An interrupt that comes while the driver awaits the
+// request's promise abandons the await (a message from the interrupter); one for any other
+// request is dropped.
 
-let abandonAwait = null;
-process.on('SIGINT', () => {
-  if (abandonAwait) abandonAwait();
+const IDLE = 0;
+const SCRIPT = 1;
+const STOPPING = 2;
+const AWAITING = 3;
+const interruptState = new Int32Array(new SharedArrayBuffer(8));
+// How long the main thread waits for a SIGINT the interrupter has sent. It comes in
+// microseconds, unless user code took SIGINT from node's watchdog (process.on('SIGINT')).
+const SIGINT_WAIT_MS = 1000;
+
+// seq as a positive multiple of 4 in an Int32, so that a phase can be or-ed in.
+function tag(seq) {
+  return ((seq - 1) % 0x1fffffff + 1) * 4;
+}
+
+const INTERRUPTER = `'use strict';
+const { workerData, parentPort } = require('worker_threads');
+const net = require('net');
+const state = new Int32Array(workerData.state);
+${tag.toString()}
+function interrupt(seq) {
+  const t = tag(seq);
+  Atomics.store(state, 1, t);
+  if (Atomics.compareExchange(state, 0, t | ${SCRIPT}, t | ${STOPPING}) === (t | ${SCRIPT})) {
+    process.kill(process.pid, 'SIGINT');
+  } else if (Atomics.load(state, 0) === (t | ${AWAITING})) {
+    parentPort.postMessage(seq);
+  }
+}
+let rest = '';
+const input = new net.Socket({ fd: workerData.fd, readable: true, writable: false });
+input.setEncoding('latin1');
+input.on('data', (chunk) => {
+  const lines = (rest + chunk).split('\\n');
+  rest = lines.pop();
+  for (const line of lines) {
+    const seq = Number(line);
+    if (Number.isSafeInteger(seq) && seq > 0) interrupt(seq);
+  }
 });
+input.on('error', () => {});
+`;
+
+function startInterrupter() {
+  let fd;
+  try {
+    // A copy that is close-on-exec (every fd node opens is), so that no child of user code
+    // inherits the interrupt pipe, even one started before the interrupter runs.
+    fd = fs.openSync(`/proc/self/fd/${INTERRUPT_FD}`, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
+    fs.closeSync(INTERRUPT_FD);
+  } catch (err) {
+    fd = INTERRUPT_FD; // no /proc, or no fd 4 (then the Worker fails, and nothing is lost)
+  }
+  const worker = new Worker(INTERRUPTER, {
+    eval: true, workerData: { state: interruptState.buffer, fd }, stdout: false, stderr: false,
+  });
+  worker.on('message', (seq) => {
+    if (abandonAwait) abandonAwait(seq);
+  });
+  worker.on('error', () => {}); // only SIGINTs from elsewhere interrupt then
+  worker.unref();
+}
+
+// The request whose script the runner runs.
+let running = null;
+const CUT_SHORT = Symbol('interrupted by the driver');
+Object.defineProperty(globalThis, '__toolsdRunRequest', { value: runRunning });
+const runner = new vm.Script('__toolsdRunRequest()', { filename: DRIVER_FILE });
+
+function runRunning() {
+  const t = tag(running.seq);
+  Atomics.store(interruptState, 0, t | SCRIPT);
+  if (Atomics.load(interruptState, 1) === t) {
+    leaveScript(t);
+    throw CUT_SHORT;
+  }
+  try {
+    return running.script.runInContext(running.context, { displayErrors: false });
+  } finally {
+    leaveScript(t); // not reached when a SIGINT broke the script: nothing is left to wait for
+  }
+}
+
+function leaveScript(t) {
+  if (Atomics.compareExchange(interruptState, 0, t | SCRIPT, IDLE) === (t | SCRIPT)) return;
+  Atomics.wait(interruptState, 0, t | STOPPING, SIGINT_WAIT_MS); // the SIGINT ends this wait
+  Atomics.store(interruptState, 0, IDLE);
+  throw CUT_SHORT;
+}
+
+function runScript(context, seq, script) {
+  running = { context, seq, script };
+  try {
+    return runner.runInThisContext({ breakOnSigint: true, displayErrors: false });
+  } finally {
+    running = null;
+    Atomics.store(interruptState, 0, IDLE);
+  }
+}
+
+// Having a SIGINT listener at all is what keeps the default action (exit) away while idle.
+process.on('SIGINT', () => {});
+let abandonAwait = null;
 
 process.on('uncaughtException', (err) => {
   report('Uncaught exception (from a callback): ' + formatError(err));
@@ -191,12 +310,18 @@ process.on('unhandledRejection', (reason) => {
 
 const INTERRUPTED = Symbol('interrupted');
 
-function awaitOrInterrupt(promise) {
+function awaitOrInterrupt(promise, seq) {
   return new Promise((resolve, reject) => {
-    abandonAwait = () => resolve(INTERRUPTED);
+    const t = tag(seq);
+    abandonAwait = (asked) => {
+      if (asked === seq) resolve(INTERRUPTED);
+    };
+    Atomics.store(interruptState, 0, t | AWAITING);
+    if (Atomics.load(interruptState, 1) === t) resolve(INTERRUPTED);
     promise.then(resolve, reject);
   }).finally(() => {
     abandonAwait = null;
+    Atomics.store(interruptState, 0, IDLE);
   });
 }
 
@@ -210,9 +335,9 @@ async function runRequest(context, seq, source) {
   let value;
   try {
     const script = new vm.Script(source, { filename: `<repl-${seq}>`, displayErrors: true });
-    value = script.runInContext(context, { breakOnSigint: true, displayErrors: false });
+    value = runScript(context, seq, script);
     if (util.types.isPromise(value)) {
-      value = await awaitOrInterrupt(value);
+      value = await awaitOrInterrupt(value, seq);
       if (value === INTERRUPTED) {
         await settle();
         report('Interrupted while awaiting a promise (it may still be running).\n');
@@ -226,8 +351,8 @@ async function runRequest(context, seq, source) {
     return 'ok';
   } catch (err) {
     await settle();
-    if (isInterrupt(err)) {
-      report('Interrupted: script execution was stopped (SIGINT).\n');
+    if (isInterrupt(err) || err === CUT_SHORT) {
+      report('Interrupted: script execution was stopped.\n');
       return 'interrupted';
     }
     report(formatError(err));
@@ -236,6 +361,7 @@ async function runRequest(context, seq, source) {
 }
 
 async function main() {
+  startInterrupter();
   // libuv opens the fd as a pipe handle and marks it close-on-exec, so children of user code
   // never inherit the command pipe (node has no fcntl to do it by hand).
   const input = new net.Socket({ fd: COMMAND_FD, readable: true, writable: false });

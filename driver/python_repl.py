@@ -3,7 +3,8 @@
 Runs inside the sandbox on the session's own python3, standard library only (the user's
 site-packages must stay importable, so no -I). The host starts it with:
 
-    fd 0 = /dev/null, fd 1 = fd 2 = the output pipe, fd 3 = the command pipe (host writes)
+    fd 0 = /dev/null, fd 1 = fd 2 = the output pipe, fd 3 = the command pipe (host writes),
+    fd 4 = the interrupt pipe (host writes)
 
 Fd 3 carries the session UUID on its first line, then one JSON-encoded string of source per
 line. Requests are numbered 1, 2, 3, ... in the order received. After request N the driver
@@ -18,8 +19,14 @@ Behaviour the host relies on:
   `_` set); print output and the displayed value keep their order.
 - An exception gives status "error" and a traceback of user frames (source lines included)
   at the end of the output; the namespace is kept.
-- SIGINT (the host's timeout) interrupts the running code with KeyboardInterrupt: status
-  "interrupted", namespace kept. SIGINT while idle is ignored.
+- Interrupts: the host writes N as a line on fd 4, then sends SIGURG (the wake-up). If
+  request N is running, or has been read and not yet begun, it is interrupted as a SIGINT
+  would (KeyboardInterrupt, or the user's own SIGINT handler): status "interrupted",
+  namespace kept. An interrupt for any other request (one that has ended) does nothing, so
+  it can never reach a request it was not meant for. Not SIGINT itself: C's system() ignores
+  SIGINT while it waits, so os.system() would never be interrupted; a SIGURG that arrives
+  then is handled as soon as system() returns (the host ends what it waits on).
+- A SIGINT from elsewhere interrupts the running code the same way; while idle it is ignored.
 - SystemExit (exit(), sys.exit(2)) does not end the REPL: it is reported as status "error"
   with a line "SystemExit: 2", and the namespace is kept. A REPL that survives a stray
   exit() keeps the agent's state; os._exit() still ends the process (the host then reports
@@ -48,6 +55,8 @@ except ImportError:
     _signal = signal
 
 COMMAND_FD = 3
+INTERRUPT_FD = 4
+WAKE_SIGNAL = signal.SIGURG
 MARKER_PREFIX = b"\x1eTOOLSD-"
 _CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect at startup
 _DRIVER_FILE = os.path.abspath(__file__)
@@ -107,7 +116,8 @@ def _open_text_stream(fd):
 
 
 class _Interrupts:
-    """Turns the host's SIGINT into KeyboardInterrupt only while user code runs.
+    """Turns the host's interrupt of request N (fd 4 and WAKE_SIGNAL), or a SIGINT, into
+    KeyboardInterrupt only while user code runs; the host's only while request N runs.
 
     Why a handler with an `armed` flag rather than blocking SIGINT with pthread_sigmask while
     idle: a mask covers only the driver's thread; threads started by user code keep SIGINT
@@ -127,8 +137,13 @@ class _Interrupts:
 
     def __init__(self):
         self.armed = False
+        self.seq = 0  # the request being run (or last run)
+        self.asked = 0  # the last request the host asked to interrupt
+        self._delivered = 0  # the last request interrupted for the host
+        self._unread = b""  # a partial line of fd 4
         self.user_handler = None
         self._handle = self.handle  # one bound method, so that `is` recognises it
+        self._wake = self.wake
 
     def handle(self, signum, frame):
         if not self.armed:
@@ -140,8 +155,43 @@ class _Interrupts:
             return user(signum, frame)
         raise KeyboardInterrupt
 
+    def wake(self, signum, frame):
+        self._read_asked()
+        self.deliver(frame)
+
+    def deliver(self, frame):
+        """Interrupt the running request if the host asked for it and it was not yet done:
+        as a SIGINT would, through whatever handles SIGINT now."""
+        if not self.armed or self.asked != self.seq or self._delivered == self.seq:
+            return
+        self._delivered = self.seq
+        current = signal.getsignal(signal.SIGINT)
+        if current is self._handle:
+            return self.handle(signal.SIGINT, frame)
+        if current == signal.SIG_IGN:
+            return
+        if callable(current):
+            return current(signal.SIGINT, frame)
+        raise KeyboardInterrupt  # SIG_DFL would end the driver: the state is worth more
+
+    def _read_asked(self):
+        while True:
+            try:
+                data = os.read(INTERRUPT_FD, 4096)
+            except OSError:  # EAGAIN: all read; or the host has gone
+                return
+            if not data:
+                return
+            *lines, self._unread = (self._unread + data).split(b"\n")
+            for line in lines:
+                try:
+                    self.asked = max(self.asked, int(line))
+                except ValueError:
+                    pass
+
     def install(self):
         signal.signal(signal.SIGINT, self._handle)
+        signal.signal(WAKE_SIGNAL, self._wake)
 
     def reclaim(self):
         # _signal's getsignal: the enum that signal's own wraps its answer in was a third
@@ -150,6 +200,8 @@ class _Interrupts:
             current = signal.getsignal(signal.SIGINT)
             self.user_handler = None if current is signal.default_int_handler else current
             signal.signal(signal.SIGINT, self._handle)
+        if _signal.getsignal(WAKE_SIGNAL) is not self._wake:
+            signal.signal(WAKE_SIGNAL, self._wake)
 
 
 class _Driver:
@@ -189,11 +241,13 @@ class _Driver:
         # mtime None: linecache.checkcache never drops it, so tracebacks show the source.
         linecache.cache[filename] = (len(source), None, lines, filename)
         interrupts = self._interrupts
+        interrupts.seq = seq
         status = "ok"
         try:
             try:
                 codes = _compile(source, filename)
                 interrupts.armed = True
+                interrupts.deliver(None)  # asked for before it began
                 for code in codes:
                     self._run_code(code)
             finally:
@@ -298,11 +352,13 @@ def _exit_code(code):
 
 
 def _forget_command_pipe():
-    # A forked child keeps no way to read the host's commands: fd 3 becomes /dev/null (not
-    # closed, so a file the child opens later cannot land on fd 3 by chance).
+    # A forked child keeps no way to read the host's commands or interrupts: fds 3 and 4
+    # become /dev/null (not closed, so a file the child opens later cannot land on them by
+    # chance).
     try:
         null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, COMMAND_FD, inheritable=False)
+        for fd in (COMMAND_FD, INTERRUPT_FD):
+            os.dup2(null, fd, inheritable=False)
         os.close(null)
     except OSError:
         pass
@@ -329,6 +385,11 @@ def _read_lines(fd):
 
 def main():
     os.set_inheritable(COMMAND_FD, False)
+    try:
+        os.set_inheritable(INTERRUPT_FD, False)
+        os.set_blocking(INTERRUPT_FD, False)
+    except OSError:
+        pass  # started without one: only SIGINT interrupts
     out_fd = os.dup(1)  # non-inheritable by default (PEP 446)
     lines = _read_lines(COMMAND_FD)
     uuid = next(lines, b"").strip()

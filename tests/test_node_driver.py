@@ -90,22 +90,63 @@ def test_promise_value_is_awaited(repl):
     assert out.startswith(b"Error: rejected\n")
 
 
-def test_sigint_interrupts_busy_loop_and_keeps_state(repl):
+def test_an_interrupt_breaks_a_busy_loop_and_keeps_state(repl):
     repl.send("var n = 0; while (true) { n++; if (n === 1) console.log('looping') }")
-    fd = repl.proc.stdout.fileno()
-    seen = b""
-    while b"looping\n" not in seen:
-        seen += repl.scanner.feed(os.read(fd, 1024))[0]
-    os.kill(repl.proc.pid, signal.SIGINT)
+    repl.wait_for_output(b"looping\n")
+    repl.interrupt()
     status, out = repl.read_reply()
     assert status == "interrupted"
     assert repl.exec("n > 0") == ("ok", b"true\n")
 
 
-def test_sigint_while_idle_is_ignored(repl):
+def test_a_sigint_from_elsewhere_breaks_a_busy_loop(repl):
+    repl.send("var n = 0; while (true) { n++; if (n === 1) console.log('looping') }")
+    repl.wait_for_output(b"looping\n")
+    os.kill(repl.proc.pid, signal.SIGINT)
+    assert repl.read_reply()[0] == "interrupted"
+    assert repl.exec("n > 0") == ("ok", b"true\n")
+
+
+def interrupter_online(repl):
+    """Wait until the driver's interrupter thread reads interrupts: one has stopped a loop."""
+    repl.send("while (true) {}")
+    repl.interrupt()
+    assert repl.read_reply()[0] == "interrupted"
+
+
+def test_an_interrupt_for_an_ended_request_reaches_no_later_one(repl):
+    interrupter_online(repl)
+    repl.exec("var kept = 1")
+    ended = repl.seq
+    # A busy script and an awaited promise, each told to stop a request that has ended.
+    repl.send("console.log('busy'); const until = Date.now() + 300; while (Date.now() < until) {}"
+              "; kept")
+    repl.wait_for_output(b"busy\n")
+    repl.interrupt(ended)
+    assert repl.read_reply() == ("ok", b"1\n")
+    repl.send("console.log('waiting'); new Promise(r => setTimeout(() => r(kept), 300))")
+    repl.wait_for_output(b"waiting\n")
+    repl.interrupt(ended)
+    assert repl.read_reply() == ("ok", b"1\n")
+
+
+def test_interrupts_racing_the_end_of_their_request_never_end_the_driver(repl):
+    # The Node REPL's old failure: a SIGINT landing just after breakOnSigint ended killed
+    # node (or broke the next script). Interrupts sent at every point of a short script.
+    repl.exec("var kept = 1")
+    for n in range(300):
+        repl.send(f"for (let i = 0; i < {n % 30} * 1000; i++) {{}}; 1")
+        repl.interrupt()
+        status, out = repl.read_reply()
+        assert status in ("ok", "interrupted"), (n, status, out)
+        assert repl.exec("kept") == ("ok", b"1\n"), n
+
+
+def test_sigint_or_interrupt_while_idle_is_ignored(repl):
     repl.exec("var t = 1")
     for _ in range(3):
         os.kill(repl.proc.pid, signal.SIGINT)
+        repl.interrupt()
     assert repl.exec("new Promise(r => setTimeout(() => r(t), 200))") == ("ok", b"1\n")
     assert repl.proc.poll() is None
 
@@ -126,6 +167,7 @@ def test_stdin_is_empty_and_uuid_is_not_visible(repl):
 
 def test_command_pipe_is_not_inherited_by_subprocesses(repl):
     command_pipe = f"pipe:[{os.fstat(repl.commands.fileno()).st_ino}]"
+    interrupt_pipe = f"pipe:[{os.fstat(repl.interrupts.fileno()).st_ino}]"
     code = (
         "require('child_process').execSync("
         "'for f in /proc/$$/fd/*; do readlink $f; done; true', {stdio: 'inherit'}); undefined"
@@ -134,6 +176,7 @@ def test_command_pipe_is_not_inherited_by_subprocesses(repl):
     assert status == "ok"
     assert out.count(b"pipe:[") >= 2  # the output pipe is there...
     assert command_pipe not in out.decode()  # ...the command pipe is not
+    assert interrupt_pipe not in out.decode()
 
 
 def test_process_exit_ends_the_driver(repl):
@@ -142,15 +185,12 @@ def test_process_exit_ends_the_driver(repl):
     assert repl.proc.wait(30) == 4
 
 
-def test_sigint_abandons_a_pending_promise(repl):
+def test_an_interrupt_abandons_a_pending_promise(repl):
     # Printed from a timer, so only once the script has returned and its promise is awaited:
-    # a SIGINT before that is the busy-script case, tested above.
+    # an interrupt before that is the busy-script case, tested above.
     repl.send("setTimeout(() => console.log('waiting'), 0); new Promise(() => {})")
-    fd = repl.proc.stdout.fileno()
-    seen = b""
-    while b"waiting\n" not in seen:
-        seen += repl.scanner.feed(os.read(fd, 1024))[0]
-    os.kill(repl.proc.pid, signal.SIGINT)
+    repl.wait_for_output(b"waiting\n")
+    repl.interrupt()
     status, out = repl.read_reply()
     assert status == "interrupted"
     assert repl.exec("'next'") == ("ok", b"'next'\n")

@@ -6,6 +6,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import time
 import uuid as uuidlib
 from pathlib import Path
 
@@ -21,17 +22,19 @@ STUCK_S = 30
 
 class DriverProcess:
     """One REPL driver with the host's wiring: stdin /dev/null, stdout+stderr one pipe,
-    the command pipe on fd 3. Owns the process; close() ends it and checks it is gone."""
+    the command pipe on fd 3, the interrupt pipe on fd 4. Owns the process; close() ends it
+    and checks it is gone."""
 
     def __init__(self, argv):
         self.uuid = uuidlib.uuid4().hex
         read_end, write_end = os.pipe()
+        interrupt_read, interrupt_write = os.pipe()
 
         def put_command_pipe_on_fd3():
-            if read_end == 3:
-                os.set_inheritable(3, True)  # dup2(3, 3) would leave it close-on-exec
-            else:
-                os.dup2(read_end, 3)
+            # Above every target first, so that no dup2 overwrites a source still needed.
+            high = [os.dup(fd) for fd in (read_end, interrupt_read)]
+            for target, fd in zip((3, 4), high):
+                os.dup2(fd, target)
 
         # The driver must not rely on the sandbox's PYTHONUNBUFFERED for its output order.
         env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
@@ -47,7 +50,9 @@ class DriverProcess:
             close_fds=False,
         )
         os.close(read_end)
+        os.close(interrupt_read)
         self.commands = os.fdopen(write_end, "wb", buffering=0)
+        self.interrupts = os.fdopen(interrupt_write, "wb", buffering=0)
         self.commands.write(self.uuid.encode() + b"\n")
         self.scanner = SentinelScanner(self.uuid)
         self.seq = 0
@@ -86,6 +91,23 @@ class DriverProcess:
         self.send(code)
         return self.read_reply()
 
+    def interrupt(self, seq: int | None = None) -> None:
+        """As the host interrupts request `seq` (by default the last one sent)."""
+        self.interrupts.write(b"%d\n" % (self.seq if seq is None else seq))
+        os.kill(self.proc.pid, signal.SIGURG)
+
+    def wait_for_output(self, text: bytes) -> None:
+        """Read (and drop) output until `text` has come: the code has got that far."""
+        fd = self.proc.stdout.fileno()
+        seen = b""
+        while text not in seen:
+            assert self.selector.select(STUCK_S), f"no {text!r} within {STUCK_S}s"
+            chunk = os.read(fd, 1024)
+            assert chunk, f"the driver ended before printing {text!r}"
+            data, sentinel = self.scanner.feed(chunk)
+            assert sentinel is None, f"the request ended before printing {text!r}"
+            seen += data
+
     def close(self):
         try:
             family = [self.proc.pid] + [
@@ -93,6 +115,7 @@ class DriverProcess:
             ]
         except psutil.NoSuchProcess:
             family = [self.proc.pid]
+        self.interrupts.close()
         self.commands.close()  # EOF on fd 3: the driver exits by itself
         try:
             self.proc.wait(STUCK_S)
@@ -260,10 +283,7 @@ def test_sigint_interrupts_busy_loop_and_keeps_state(repl):
     repl.exec("n = 0")
     # The loop announces itself so the signal arrives while it runs.
     repl.send("while True:\n    n += 1\n    if n == 1:\n        print('looping', flush=True)")
-    fd = repl.proc.stdout.fileno()
-    seen = b""
-    while b"looping\n" not in seen:
-        seen += repl.scanner.feed(os.read(fd, 1024))[0]
+    repl.wait_for_output(b"looping\n")
     os.kill(repl.proc.pid, signal.SIGINT)
     status, out = repl.read_reply()
     assert status == "interrupted"
@@ -271,6 +291,55 @@ def test_sigint_interrupts_busy_loop_and_keeps_state(repl):
     assert "python_repl.py" not in out.decode()
     status, out = repl.exec("n > 0")
     assert (status, out) == ("ok", b"True\n")
+
+
+def test_an_interrupt_stops_a_busy_loop_and_keeps_state(repl):
+    repl.exec("n = 0")
+    repl.send("while True:\n    n += 1\n    if n == 1:\n        print('looping', flush=True)")
+    repl.wait_for_output(b"looping\n")
+    repl.interrupt()
+    status, out = repl.read_reply()
+    assert status == "interrupted"
+    assert out.decode().endswith("KeyboardInterrupt\n")
+    assert repl.exec("n > 0") == ("ok", b"True\n")
+
+
+def test_an_interrupt_for_an_ended_request_reaches_no_later_one(repl):
+    repl.exec("import time\nkept = 1")
+    ended = repl.seq
+    repl.send("print('busy', flush=True)\nfor _ in range(30):\n    time.sleep(0.01)\nkept")
+    repl.wait_for_output(b"busy\n")
+    repl.interrupt(ended)
+    assert repl.read_reply() == ("ok", b"1\n")
+    assert repl.exec("time.sleep(0.1)\nkept") == ("ok", b"1\n")
+
+
+def test_an_interrupt_that_comes_before_its_request_began_stops_it_there(repl):
+    repl.exec("1")
+    repl.interrupt(repl.seq + 1)
+    status, out = repl.exec("import time\ntime.sleep(30)")
+    assert status == "interrupted"
+    assert out.decode().endswith("KeyboardInterrupt\n")
+    assert repl.exec("'ok'") == ("ok", b"'ok'\n")
+
+
+def test_an_interrupt_during_os_system_stops_the_code_once_system_returns(repl):
+    # C's system() ignores SIGINT while it waits: the wake-up is kept until it returns,
+    # which it does once what it waits on is ended (the host sends that SIGINT).
+    repl.send("import os\nos.system('sleep 30')\nprint('after system')")
+    deadline = time.monotonic() + STUCK_S
+    sleeps = []
+    while not sleeps:
+        assert time.monotonic() < deadline, "the shell's sleep never started"
+        sleeps = [p for p in psutil.Process(repl.proc.pid).children(recursive=True)
+                  if p.name() == "sleep"]
+    repl.interrupt()
+    for child in psutil.Process(repl.proc.pid).children(recursive=True):
+        child.send_signal(signal.SIGINT)
+    status, out = repl.read_reply()
+    assert status == "interrupted"
+    assert b"after system" not in out
+    assert out.decode().endswith("KeyboardInterrupt\n")
 
 
 def test_sigint_while_idle_does_not_leak_into_next_request(repl):
