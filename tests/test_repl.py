@@ -18,7 +18,7 @@ import psutil
 import pytest
 import trio
 
-from conftest import RunningDaemon, needs_bwrap, module_daemon as shared_daemon
+from conftest import RunningDaemon, needs_bwrap, module_daemon as shared_daemon, wait_gone
 from toolsd.client import Client, ToolsdError
 from toolsd.framing import FrameReader, encode_frame
 from toolsd.server import MAX_IN_FLIGHT
@@ -231,6 +231,116 @@ def test_code_ignoring_sigint_is_killed_after_the_grace_and_the_next_call_is_fre
     assert alive(before) == []
     after = client.repl_exec(session, turn, "'kept' in globals()")
     assert (after["output"], after["fresh"]) == ("False\n", True)
+
+
+@pytest.mark.parametrize("command", ["sleep 2101", "trap '' INT; sleep 2101"],
+                         ids=["sleep", "ignoring-sigint"])
+def test_a_timeout_in_os_system_keeps_the_state_and_ends_the_shell(
+        daemon, client, session, turn, command):
+    # C's system() ignores SIGINT while it waits: the interrupt must reach what it waits on
+    # (ended even if it ignores SIGINT), and the interpreter once system() returns.
+    client.repl_exec(session, turn, "kept = 7")
+    r = client.repl_exec(session, turn, f"import os\nos.system({command!r})\nafter = 1",
+                         timeout_s=1)
+    assert (r["status"], r["state_lost"]) == ("timeout", False)
+    assert r["output"].startswith("Traceback") and "KeyboardInterrupt" in r["output"]
+    assert wait_gone(daemon.running("sleep 2101"), timeout=STUCK_S) == []
+    after = client.repl_exec(session, turn, "kept, 'after' in globals()")
+    assert (after["status"], after["output"], after["fresh"]) == ("ok", "(7, False)\n", False)
+
+
+# The call's own processes, by kind, each a shell (sh) running `sleep 2204; echo done`: dash
+# does not exec its last command, so ending the shell alone would leave the sleep running.
+BLOCKING = {
+    "subprocess.run": "subprocess.run('sleep 2204; echo done', shell=True)",
+    "check_output": "subprocess.check_output('sleep 2204; echo done', shell=True)",
+    "os.popen": "os.popen('sleep 2204; echo done').read()",
+}
+
+
+@pytest.mark.parametrize("kind", BLOCKING)
+def test_a_timeout_ends_what_the_call_started_and_spares_what_earlier_calls_did(
+        daemon, client, session, turn, kind):
+    r = client.repl_exec(session, turn,
+                         "import os, subprocess\nkeeper = subprocess.Popen(['sleep', '2201'])")
+    assert r["status"] == "ok"
+    # A child that leaves the session (setsid), one that leaves the interpreter (a double
+    # fork: it comes back to the sandbox's shim), then the call waits on a shell.
+    code = ("subprocess.Popen(['setsid', 'sleep', '2202'])\n"
+            "if os.fork() == 0:\n"
+            "    if os.fork() == 0:\n"
+            "        os.execvp('sleep', ['sleep', '2203'])\n"
+            "    os._exit(0)\n"
+            f"{BLOCKING[kind]}\n"
+            "after = 1")
+    r = client.repl_exec(session, turn, code, timeout_s=1)
+    assert (r["status"], r["state_lost"]) == ("timeout", False)
+    for n in (2202, 2203, 2204):
+        assert wait_gone(daemon.running(f"sleep {n}"), timeout=STUCK_S) == [], n
+    assert len(daemon.running("sleep 2201")) == 1, "an earlier call's child was ended"
+    # The setsid and double-forked sleeps, the shell's sleep, and the shell unless the
+    # interrupted code ended it itself (subprocess kills its child when interrupted).
+    assert r["processes_ended"] >= 3
+    assert f"{r['processes_ended']} processes it started were ended" in r["output"]
+    after = client.repl_exec(session, turn, "keeper.poll(), 'after' in globals()")
+    assert (after["output"], after["fresh"]) == ("(None, False)\n", False)
+
+
+def cancel_once_started(daemon, session: str, turn: str, code: str) -> dict[int, dict]:
+    """The replies (by id) to repl.exec `code` (id 1), which must create the FIFO `started`
+    in the workspace when it has got far enough, and to its cancel (id 2), sent then."""
+    started = os.path.join(daemon.workspace, "started")
+    os.mkfifo(started)
+    with raw_socket(daemon) as s:
+        params = {"session": session, "turn": turn, "code": code}
+        s.sendall(frame({"id": 1, "method": "repl.exec", "params": params}))
+        open(started).read()
+        s.sendall(frame({"id": 2, "method": "cancel", "params": {"request": 1}}))
+        return {reply["id"]: reply for reply in read_reply_list(s, until=2, count=2)}
+
+
+def test_a_call_that_finds_the_state_lost_by_a_cancel_says_so(daemon, session, turn):
+    with daemon.client() as c:
+        c.repl_exec(session, turn, "kept = 1")
+    code = ("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "open('started', 'w').close()\nwhile True:\n    pass")
+    assert cancel_once_started(daemon, session, turn, code)[1]["error"]["code"] == "cancelled"
+    # The interpreter was killed after the grace, and the cancel's answer could not say so.
+    with daemon.client() as c:
+        r = c.repl_exec(session, turn, "'kept' in globals()")
+        assert (r["output"], r["fresh"], r["state_lost"]) == ("False\n", True, True)
+        r = c.repl_exec(session, turn, "1")
+        assert (r["fresh"], r["state_lost"]) == (False, False)
+
+
+@pytest.mark.parametrize("language", ["python", pytest.param("node", marks=needs_node)])
+def test_cancels_sent_with_their_call_never_lose_state_or_reach_a_later_call(
+        daemon, session, turn, language):
+    # Each round writes a call and its cancel at once: the cancel's interrupt comes at any
+    # point of the call, just before its end and just after it included. The Node REPL used
+    # to die of one (node ends itself on a SIGINT just after vm's breakOnSigint ended).
+    if language == "node":
+        setup, check, busy = "var kept = 1", "kept", "for (let i = 0; i < {n}; i++) {{}}; 1"
+    else:
+        setup, check, busy = "kept = 1", "kept", "for i in range({n}):\n    pass"
+    with daemon.client() as c:
+        assert c.repl_exec(session, turn, setup, language=language)["status"] == "ok"
+    with raw_socket(daemon) as s:
+        for n in range(200):
+            rid = 3 * n + 1
+            params = {"session": session, "turn": turn, "language": language,
+                      "code": busy.format(n=(n % 40) * 250)}
+            s.sendall(frame({"id": rid, "method": "repl.exec", "params": params})
+                      + frame({"id": rid + 1, "method": "cancel", "params": {"request": rid}}))
+            replies = {r["id"]: r for r in read_reply_list(s, until=rid + 1, count=2)}
+            told = replies[rid].get("result", {}).get("state_lost", False)
+            params = {"session": session, "turn": turn, "language": language, "code": check}
+            s.sendall(frame({"id": rid + 2, "method": "repl.exec", "params": params}))
+            innocent = read_replies(s, until=rid + 2)[rid + 2]["result"]
+            assert innocent["status"] != "timeout", (n, innocent)
+            if innocent["state_lost"] or told:
+                pytest.fail(f"round {n}: the state was lost (said so: {innocent})")
+            assert (innocent["status"], innocent["output"]) == ("ok", "1\n"), (n, innocent)
 
 
 @pytest.mark.parametrize("code", [
@@ -532,29 +642,21 @@ def file_size(path: str) -> int:
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["first-call", "running-repl"])
-async def test_a_cancel_interrupts_the_code_and_the_repl_stays_in_sync(
+async def test_a_cancel_interrupts_the_code_ends_its_processes_and_the_repl_stays_in_sync(
         daemon, session, turn, warm):
-    started = os.path.join(daemon.workspace, "started")
-    os.mkfifo(started)
     if warm:
         with daemon.client() as c:
-            c.repl_exec(session, turn, "kept = 5")
-
-    def cancel_mid_request():
-        with raw_socket(daemon) as s:
-            code = "set_before = 6\nopen('started', 'w').close()\nwhile True:\n    pass"
-            params = {"session": session, "turn": turn, "code": code}
-            s.sendall(frame({"id": 1, "method": "repl.exec", "params": params}))
-            open(started).read()
-            s.sendall(frame({"id": 2, "method": "cancel", "params": {"request": 1}}))
-            replies = read_replies(s, until=2)
-            replies.update(read_replies(s, until=1) if 1 not in replies else {})
-            return replies
-
+            c.repl_exec(session, turn,
+                        "import subprocess\nkeeper = subprocess.Popen(['sleep', '2301'])")
+    code = ("import subprocess\nchild = subprocess.Popen(['sleep', '2302'])\n"
+            "set_before = 6\nopen('started', 'w').close()\nwhile True:\n    pass")
     with trio.fail_after(STUCK_S):
-        replies = await in_thread(cancel_mid_request)
+        replies = await in_thread(lambda: cancel_once_started(daemon, session, turn, code))
     assert replies[2]["result"] == {}
     assert replies[1]["error"]["code"] == "cancelled"
+    # What the call started is ended, not what an earlier call did.
+    assert wait_gone(daemon.running("sleep 2302"), timeout=STUCK_S) == []
+    assert len(daemon.running("sleep 2301")) == int(warm)
     with daemon.client() as c:
         r = c.repl_exec(session, turn, "set_before", timeout_s=20)
     assert (r["status"], r["output"], r["fresh"]) == ("ok", "6\n", False)

@@ -206,6 +206,9 @@ class ReplExecResult(Struct, omit_defaults=True):
     state_lost: bool
     duration_s: float
     output_file: str | None = None  # with `spill`, when the output was cut
+    # Processes the call started that were ended because it timed out or was cancelled (or,
+    # when the interpreter had to be killed, the other processes of its tree).
+    processes_ended: int = 0
 
 
 class ProcessStartParams(Struct):

@@ -2,22 +2,35 @@
 
 The interpreter is a driver (driver/python_repl.py, driver/node_repl.js) started by the
 session's launcher on first use: stdin /dev/null, stdout and stderr one pipe, the command pipe
-as fd 3. Each request is one JSON line on fd 3; its answer is everything the driver writes up
-to the sentinel of that request (toolsd/sentinel.py), so printed text can never shift the
-answers of later calls.
+as fd 3, the interrupt pipe as fd 4. Each request is one JSON line on fd 3; its answer is
+everything the driver writes up to the sentinel of that request (toolsd/sentinel.py), so
+printed text can never shift the answers of later calls.
+
+Interrupts are addressed to a request: its number, as a line on fd 4, then WAKE_SIGNAL to the
+driver, which acts only on an interrupt for the request it is running (or is about to run),
+and ignores one for a request that has already ended. A bare SIGINT cannot be: it may land
+after the request it was meant for ended (node ends itself on a SIGINT that lands just after
+vm's breakOnSigint has ended), and C's system() ignores it while it waits.
 
 Behaviour a caller sees:
 - Requests on one REPL run one after the other. Requests sent together, without waiting for
   an answer, may run in either order (those that wait have a task each, and trio runs a
   batch of ready tasks in either order): wait for the answer before sending code that needs
   it.
-- Timeout: SIGINT to the interpreter; if its sentinel comes within GRACE_S, status "timeout"
-  and the state stays; if not, its whole tree is killed, status "timeout", `state_lost: true`,
-  and the next call starts a fresh interpreter (`fresh: true`).
+- Timeout: the request is interrupted (above), and the processes it started get SIGINT, as
+  a terminal's ^C reaches its foreground job (what the code waits on: os.system's shell, a
+  subprocess); those still there after GRACE_S - ESCALATE_S are ended. If its sentinel comes
+  within GRACE_S, status "timeout" and the state stays, and whatever the request started
+  that still runs is ended (proctree.end_since) and counted (`processes_ended`); processes
+  started by earlier requests are left alone. If not, its whole tree is killed, status
+  "timeout", `state_lost: true`, and the next call starts a fresh interpreter
+  (`fresh: true`).
 - Crash (the interpreter exits or closes its output before the sentinel: os._exit, a
   segfault, process.exit in node): status "crashed", `state_lost: true`, next call fresh.
-- A cancelled request (the client went away, or `cancel`) is interrupted as on timeout, so
-  the REPL is in sync for the next call.
+- A cancelled request (the client went away, or `cancel`) is interrupted and its processes
+  ended as on timeout, so the REPL is in sync for the next call.
+- A call that finds the interpreter dead says `state_lost: true` unless an answer already
+  said so (one cut short by a cancel could not).
 - Output that arrives after a request's sentinel (a thread or a child of the user's code
   printing later) is kept and comes at the start of the next request's output, the last
   LATE_BYTES of it at most.
@@ -51,22 +64,31 @@ import uuid as uuidlib
 import msgspec
 import trio
 
+from . import proctree, threads
+from .launcher import KILL_THREADS
 from .output import HeadTail, Ring
 from .protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
 from .sentinel import Sentinel, SentinelScanner
 from .session import DRIVER_DIR
-from .shell import end_tree, pump, signal_name, spawn_with_pipe
+from .shell import KILL_GRACE_S, end_tree, pump, signal_name, spawn_with_pipe
 from .spill import tee
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]
 
-# How long an interpreter may take to answer SIGINT before it is killed with its tree.
+# How long an interrupted interpreter may take to answer before it is killed with its tree.
 GRACE_S = 2.0
+# The last part of GRACE_S: the processes the call started that are still there then (they
+# ignore SIGINT, and the code may be waiting on one) are ended for it to come back.
+ESCALATE_S = 1.0
 # After the interpreter exits without a sentinel, how long we read the rest of its output
 # (the sentinel may still be in the pipe) before killing whatever holds the pipe open.
 DRAIN_S = 0.5
 # Output printed between requests, kept for the next one (the most recent part).
 LATE_BYTES = 64 * 1024
+# Sent to the driver after an interrupt request is written to its fd 4. Not SIGINT (see the
+# module's docstring); its default action is to do nothing, so it harms no process that has
+# no handler for it (node's driver reads fd 4 in a thread of its own and needs none).
+WAKE_SIGNAL = signal.SIGURG
 
 DRIVERS = {
     "python": os.path.join(DRIVER_DIR, "python_repl.py"),
@@ -177,6 +199,7 @@ class Repl:
                                   f"with turn.begin")
             interp = self._interp
             fresh = interp is None or interp.gone
+            lost = fresh and interp is not None and not interp.loss_told
             if fresh:
                 if interp is not None:
                     await interp.kill()  # what its children may have left running
@@ -191,7 +214,9 @@ class Repl:
         except BaseException:
             self._lock.release()
             raise
-        return await self._begin(interp, p, fresh, started).finish()
+        run = self._begin(interp, p, fresh, started)
+        run.lost_before = lost
+        return await run.finish()
 
     def start_detached(self, p: ReplExecParams, detached) -> bool:
         """Send `p` to the running interpreter and return, leaving the answer to the task
@@ -221,8 +246,9 @@ class Repl:
         return run
 
     async def _run(self, run: _Run):
-        """(status, state_lost, notice) of a request begun on its interpreter: the rest of
-        its code sent, then its sentinel within its deadline, or the interrupt."""
+        """(status, state_lost, notice, processes_ended) of a request begun on its
+        interpreter: the rest of its code sent, then its sentinel within its deadline, or the
+        interrupt."""
         interp = run.interp
         finished = False
         try:
@@ -233,7 +259,7 @@ class Repl:
                 await interp.send_rest()
                 await interp.settled()
             if deadline.cancelled_caught:
-                result = await self._interrupt(interp, run.p.timeout_s)
+                result = await self._interrupt(run, run.p.timeout_s)
             else:
                 result = await self._answer(interp)
             finished = True
@@ -241,44 +267,62 @@ class Repl:
         finally:
             if not finished:
                 # Cancelled: the request's answer is not wanted, but the interpreter must
-                # be back in sync (or gone) before the next request takes the lock.
+                # be back in sync (or gone), and what the request started ended, before the
+                # next request takes the lock.
                 with trio.CancelScope(shield=True):
-                    await self._interrupt(interp, None)
+                    await self._interrupt(run, None)
 
     async def _answer(self, interp: _Interpreter):
         if interp.sentinel is None:
             await interp.drain()
         if interp.sentinel is not None:
-            # "interrupted" without our SIGINT: the code raised KeyboardInterrupt itself.
-            return ("ok" if interp.sentinel.ok else "error"), False, ""
-        await interp.kill()
+            # "interrupted" without our asking: the code raised KeyboardInterrupt itself.
+            return ("ok" if interp.sentinel.ok else "error"), False, "", 0
+        others = await interp.kill()
         return "crashed", True, (f"[the {self.language} interpreter died ({interp.how_it_ended()})"
-                                 f"; its state is lost and the next call starts a fresh one]")
+                                 f"; its state is lost and the next call starts a fresh one"
+                                 f"{_ended_note(others, 'of its processes')}]"), others
 
-    async def _interrupt(self, interp: _Interpreter, timeout_s: float | None):
-        """SIGINT, then the tree if it does not answer within GRACE_S."""
+    async def _interrupt(self, run: _Run, timeout_s: float | None):
+        """Interrupt the request and the processes it started; once the interpreter has
+        answered, end what the request started that still runs. The whole tree if the
+        interpreter does not answer within GRACE_S."""
+        interp = run.interp
         why = f"timed out after {timeout_s:g} s" if timeout_s is not None else "cancelled"
+        if interp.sent == "none" and not interp.gone:
+            # The request never reached the interpreter: nothing to undo.
+            return "timeout", False, f"[{why} before the code was sent]", 0
         interrupted = interp.sentinel is None and interp.sent == "all" and not interp.gone
+        signalled = frozenset()
+        ended = 0
         if interrupted:
-            interp.send_signal(signal.SIGINT)
-            with trio.move_on_after(GRACE_S):
+            interp.interrupt()
+            # What the code waits on (os.system's shell, a subprocess) must end for the code
+            # to get back to the interpreter and stop: SIGINT first, as a terminal would, and
+            # the end (SIGTERM, SIGKILL) for what ignores it.
+            signalled = await run.in_tree(proctree.interrupt_since) or frozenset()
+            with trio.move_on_after(GRACE_S - ESCALATE_S):
                 await interp.settled()
+            if interp.sentinel is None and not interp.gone:
+                ended = await run.end_processes(signalled)
+                signalled = frozenset()
+                with trio.move_on_after(ESCALATE_S):
+                    await interp.settled()
             if interp.sentinel is None and interp.gone:
                 await interp.drain()
         if interp.sentinel is not None:
-            return "timeout", False, f"[{why}: interrupted; the state is kept]"
-        if interp.sent == "none" and not interp.gone:
-            # The request never reached the interpreter: nothing to undo.
-            return "timeout", False, f"[{why} before the code was sent]"
-        await interp.kill()
+            ended += await run.end_processes(signalled)
+            return "timeout", False, (f"[{why}: interrupted; the state is kept"
+                                      f"{_ended_note(ended, 'it started')}]"), ended
+        others = await interp.kill()
         if interrupted:
-            how = f"the interpreter did not stop within {GRACE_S:g} s of SIGINT and was killed"
+            how = f"the interpreter did not stop within {GRACE_S:g} s and was killed"
         elif interp.sent == "some":
             how = "only part of the code had reached the interpreter, which was killed"
         else:
             how = f"the interpreter died ({interp.how_it_ended()})"
         return "timeout", True, (f"[{why}: {how}; its state is lost and the next call starts a "
-                                 f"fresh one]")
+                                 f"fresh one{_ended_note(others, 'of its processes')}]"), others
 
     def _late_feed(self, data: bytes) -> None:
         if self._late is None:
@@ -326,9 +370,17 @@ class _Run:
         self.late_dropped = repl._take_late(self.feed)
         self.deadline = trio.current_time() + p.timeout_s
         self.detached = None  # answers.Detached, for a request without a task
+        # Before its code goes out: what starts after this is the request's (proctree).
+        self.since = proctree.mark()
+        # The interpreter before this fresh one died without an answer saying so.
+        self.lost_before = False
 
-    def result(self, status: str, state_lost: bool = False, notice: str = "") -> ReplExecResult:
+    def result(self, status: str, state_lost: bool = False, notice: str = "",
+               processes_ended: int = 0) -> ReplExecResult:
         output, truncated = _render(self.out, notice)
+        if state_lost:
+            self.interp.loss_told = True
+        state_lost = state_lost or self.lost_before
         return ReplExecResult(
             status=status,
             output=output,
@@ -338,7 +390,27 @@ class _Run:
             state_lost=state_lost,
             duration_s=round(time.monotonic() - self.started, 6),
             output_file=self.spill.finish(truncated) if self.spill is not None else None,
+            processes_ended=processes_ended,
         )
+
+    async def in_tree(self, fn, *args, **kwargs):
+        """fn(shim, interpreter, since, ...) on this request's processes, in a worker thread
+        (it reads /proc), with the shim held so that its pid stays the shim's; None once the
+        interpreter's tree is gone."""
+        job = self.interp.job
+        with job.holding_tree() as shim_pid:
+            if shim_pid is None:
+                return None
+            return await trio.to_thread.run_sync(
+                lambda: fn(shim_pid, job.pid, self.since, *args, **kwargs),
+                limiter=threads.limiter("kill", KILL_THREADS))
+
+    async def end_processes(self, signalled: frozenset) -> int:
+        """End what the request started that still runs, as shell.run ends a command's tree
+        on timeout; how many of its processes ended, those `signalled` before included."""
+        done = await self.in_tree(proctree.end_since, grace_s=KILL_GRACE_S,
+                                  interrupted=signalled or frozenset())
+        return done[0] if done else 0
 
     async def finish(self) -> ReplExecResult:
         """The rest of the request, in a task."""
@@ -364,10 +436,10 @@ class _Run:
 
 
 class _Interpreter:
-    """One driver process: its job, the command pipe, the framing state, the pump task, and
-    the watch task (its exit, and the deadline of a request without a task)."""
+    """One driver process: its job, the command and interrupt pipes, the framing state, the
+    pump task, and the watch task (its exit, and the deadline of a request without a task)."""
 
-    def __init__(self, job, cmd_fd: int, idle_sink):
+    def __init__(self, job, cmd_fd: int, intr_fd: int, idle_sink):
         self.job = job
         self.uuid = uuidlib.uuid4().hex
         self.scanner = SentinelScanner(self.uuid)
@@ -378,7 +450,10 @@ class _Interpreter:
         # The request in flight if no task waits for it (a _Run): told of its sentinel, or
         # handed to a task when its deadline passes or the interpreter goes.
         self.waiter: _Run | None = None
+        # An answer said `state_lost: true` for this interpreter (else the next call does).
+        self.loss_told = False
         self._cmd_fd = cmd_fd
+        self._intr_fd = intr_fd
         self._unsent = b""  # of the request in flight
         self._next_sink = idle_sink  # its output's, once all of it is sent
         self._idle_sink = idle_sink
@@ -395,16 +470,20 @@ class _Interpreter:
     @classmethod
     async def start(cls, session, argv: list[str], idle_sink) -> _Interpreter:
         cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
+        intr_r, intr_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         oom_kills = session.oom_kills()
         try:
             job, read_fd = await spawn_with_pipe(session, argv, cwd=session.workspace,
-                                                 env=session.env, extra_fds=[cmd_r])
+                                                 env=session.env, extra_fds=[cmd_r, intr_r])
         except BaseException:
             os.close(cmd_w)
+            os.close(intr_w)
             raise
         finally:
-            os.close(cmd_r)  # the interpreter holds the only copy: its exit gives EPIPE
-        self = cls(job, cmd_w, idle_sink)
+            # The interpreter holds the only copies: its exit gives EPIPE.
+            os.close(cmd_r)
+            os.close(intr_r)
+        self = cls(job, cmd_w, intr_w, idle_sink)
         # Whether the session met its memory limit while this interpreter lived.
         self.out_of_memory = functools.partial(session.memory_limit_hit, oom_kills)
         self.memory_mb = session.limits.memory_mb
@@ -500,10 +579,17 @@ class _Interpreter:
             await self._wake.wait()
             self._wake = trio.Event()
 
-    def send_signal(self, sig: int) -> None:
+    def interrupt(self) -> None:
+        """Ask the driver to interrupt the request in flight (all of it sent): its number on
+        the interrupt pipe, then the wake-up. The driver ignores it if that request has
+        ended meanwhile."""
+        try:
+            os.write(self._intr_fd, b"%d\n" % self.seq)
+        except OSError:
+            pass  # gone (it is then killed), or a driver that reads no interrupts: full
         if self.job.pid > 0 and not self.job.exited.is_set():
             try:
-                os.kill(self.job.pid, sig)
+                os.kill(self.job.pid, WAKE_SIGNAL)
             except ProcessLookupError:
                 pass
 
@@ -561,12 +647,13 @@ class _Interpreter:
 
     # ------------------------------------------------------------ ending
 
-    async def kill(self) -> None:
-        """End the interpreter's whole tree and its pump; idempotent, shielded."""
+    async def kill(self) -> int:
+        """End the interpreter's whole tree and its pump; idempotent, shielded. How many
+        processes of its tree other than the interpreter this call ended."""
         with trio.CancelScope(shield=True):
             if self._killing:
                 await self._killed.wait()
-                return
+                return 0
             self._killing = True
             self._wake.set()
             self._hand_over()
@@ -574,14 +661,27 @@ class _Interpreter:
                 fd, self._cmd_fd = self._cmd_fd, -1
                 trio.lowlevel.notify_closing(fd)
                 os.close(fd)
-                await end_tree(self.job, 0)
+                fd, self._intr_fd = self._intr_fd, -1
+                os.close(fd)
+                running = int(not self.job.exited.is_set())
+                ended, _survivors = await end_tree(self.job, 0)
                 # Every writer is dead: the pipe's rest is there to read at once, unless a
                 # descriptor escaped the tree; then we stop reading anyway.
                 with trio.move_on_after(DRAIN_S):
                     await self.eof.wait()
                 self._pump_scope.cancel()
+                return max(0, ended - running)
             finally:
                 self._killed.set()
+
+
+def _ended_note(count: int, whose: str) -> str:
+    """The end of a notice that counts ended processes ("" for none)."""
+    if not count:
+        return ""
+    if count == 1:
+        return f"; 1 process {whose} was ended"
+    return f"; {count} processes {whose} were ended"
 
 
 def _render(out: HeadTail, notice: str) -> tuple[str, bool]:
