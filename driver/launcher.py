@@ -470,6 +470,14 @@ def warm_up():
     select.poll()
 
 
+def readable(sock):
+    """Whether `sock` has something to read now. poll, not select: our channels keep the
+    numbers they had in the daemon, which may be 1024 or more (FD_SETSIZE)."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def claim(slot, job):
     """Tell the launcher, through the memory we share, that we take `job`: done before
     receiving it, so that whenever we die the launcher knows whether a job was ours."""
@@ -639,7 +647,7 @@ def run_shim(host, spawn, private, lost, slot, standby):
         # touched as far as a request fills them.
         self_fd = os.pidfd_open(os.getpid())
         buf = mmap.mmap(-1, MAX_MSG, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if standby or not select.select([spawn], [], [], 0)[0]:
+        if standby or not readable(spawn):
             warm_up()  # it would only delay a request already there
         # The launcher's batch policy was right for forking us; from here on we are on the
         # critical path of a spawn, and the command inherits our policy: the session's own.

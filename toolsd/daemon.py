@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import resource
 import signal
 import sys
 
@@ -39,7 +40,31 @@ def take_lock(socket_path: str) -> int:
     return fd
 
 
+def raise_open_files_limit() -> None:
+    """Our soft RLIMIT_NOFILE up to the hard limit: each session holds a few descriptors and
+    each connection one, and the usual soft limit of 1024 would cap a daemon at a few hundred
+    sessions. Sandboxed commands do not inherit it: the launcher sets the session's own limit
+    (Limits.nofile) on every command it starts."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        # The kernel refuses an infinite soft limit for open files: its ceiling is nr_open.
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            return
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as e:
+        log.warning("could not raise the open files limit from %d to %d (%s); the daemon may "
+                    "run out of descriptors with many sessions", soft, target, e)
+
+
 def run(config: Config, *, announce=print) -> None:
+    raise_open_files_limit()
     ensure_private_dir(os.path.dirname(config.socket_path))
     lock_fd = take_lock(config.socket_path)
     bwrap, why_not = probe_bwrap()

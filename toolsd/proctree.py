@@ -91,6 +91,15 @@ def kill_tree(root_pid: int, *, grace_s: float, include_root: bool) -> tuple[int
         killer.close()
 
 
+def _exited(pidfd: int) -> bool:
+    """Whether the process of `pidfd` has exited (a zombie or reaped). poll, never select:
+    the daemon holds thousands of descriptors, and select cannot take one numbered 1024 or
+    more."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class _TreeKiller:
     def __init__(self, grace_s: float):
         self.sig = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
@@ -149,7 +158,7 @@ class _TreeKiller:
                 fd = os.pidfd_open(pid)
             except ProcessLookupError:
                 continue  # already reaped: it ended on its own, not by us
-            if select.select([fd], [], [], 0)[0]:
+            if _exited(fd):
                 os.close(fd)
                 continue  # a zombie already: it ended on its own, not by us
             self.running[fd] = pid
