@@ -158,6 +158,21 @@ def short_tempdir() -> str:
     return tempfile.mkdtemp(prefix="toolsd-t-", dir="/var/tmp")
 
 
+def daemon_without_bash(root: str, tools=("sh", "echo", "cat", "python3", "bwrap")):
+    """A daemon, not yet started, whose PATH (and so its sessions') has sh but no bash: a folder
+    inside the workspace, so that the sandbox sees it where the daemon does, with links to
+    `tools` only."""
+    d = RunningDaemon(root)
+    bin_dir = os.path.join(d.workspace, "bin-no-bash")
+    os.makedirs(bin_dir)
+    for tool in tools:
+        real = shutil.which(tool)
+        if real:
+            os.symlink(os.path.realpath(real), os.path.join(bin_dir, tool))
+    d.env["PATH"] = bin_dir
+    return d
+
+
 def module_daemon():
     """The body of a module-scoped daemon fixture (`yield from module_daemon()`): one daemon
     for a whole test file, stopped and checked at its end, its folder removed."""

@@ -308,18 +308,9 @@ def test_exec_cli_prints_output_and_exit_code(daemon):
 
 @needs_bwrap
 def test_sh_is_used_where_the_sandbox_has_no_bash(daemon_root):
-    from conftest import RunningDaemon
+    from conftest import daemon_without_bash
 
-    # A PATH without bash: a folder with only sh (and the tools the test needs) in it, inside
-    # the workspace so that the sandbox sees it where the daemon does.
-    d = RunningDaemon(daemon_root)
-    bin_dir = os.path.join(d.workspace, "bin-no-bash")
-    os.makedirs(bin_dir)
-    for tool in ("sh", "echo", "cat", "python3", "bwrap"):
-        real = subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip()
-        if real:
-            os.symlink(os.path.realpath(real), os.path.join(bin_dir, tool))
-    d.env["PATH"] = bin_dir
+    d = daemon_without_bash(daemon_root)
     d.start()
     try:
         with d.client() as c:

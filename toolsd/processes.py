@@ -49,7 +49,7 @@ from .protocol import (
     ProcessStopResult,
     ToolsdError,
 )
-from .shell import end_tree, pump, signal_name, spawn_with_pipe
+from .shell import end_tree, pump, signal_name, spawn_shell
 
 logger = logging.getLogger("toolsd.processes")
 
@@ -283,7 +283,7 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
         raise ToolsdError(SESSION_CLOSED, f"session {session.id} is not running; open a new one")
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
-    _shell_name, shell_path = session.shell
+    _shell_name, _shell_path = session.shell  # none in the sandbox: refused before an id is taken
     live = sum(1 for bg in session.processes.values() if not bg.finished.is_set())
     if live >= MAX_LIVE_PER_SESSION:
         raise ToolsdError(LIMIT_EXCEEDED, f"process.start: session {session.id} already has "
@@ -300,8 +300,7 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
                           f"the state folder's permissions") from None
     oom_kills = session.oom_kills()
     try:
-        job, read_fd = await spawn_with_pipe(session, [shell_path, "-c", p.command], cwd=cwd,
-                                             env=env)
+        job, read_fd = await spawn_shell(session, p.command, cwd=cwd, env=env)
     except ToolsdError:
         _remove_log(log_file, process_id)
         # The session may have closed while we spawned (its launcher's refusal then reads

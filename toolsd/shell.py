@@ -17,6 +17,7 @@ from . import answer as answers, proctree, threads
 from .fdio import READ_SIZE, FdReader
 from .launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
 from .output import HeadTail
+from .shell_argv import shell_argv
 from .protocol import (
     BAD_PARAMS,
     LIMIT_EXCEEDED,
@@ -120,19 +121,56 @@ async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, 
     return job, read_fd
 
 
+async def spawn_shell(session, command: str, *, cwd: str, env: dict[str, str],
+                      extra_fds=(), want_pid: bool = True, held: bool = False):
+    """spawn_with_pipe for `command` run by the session's shell, however big it is (see
+    shell_argv): `extra_fds` are the shell's fds 3, 4, ... as for spawn_with_pipe; a big
+    command's own comes after them. Returns (job, read_fd)."""
+    _shell_name, shell_path = session.shell
+    script_fd = 3 + len(extra_fds)
+    try:
+        argv, script = shell_argv(shell_path, command, script_fd)
+    except ValueError as e:
+        raise ToolsdError(BAD_PARAMS, str(e)) from None
+    if script is None:
+        return await spawn_with_pipe(session, argv, cwd=cwd, env=env, extra_fds=extra_fds,
+                                     want_pid=want_pid, held=held)
+    script_file = _memory_file(script)
+    try:
+        return await spawn_with_pipe(session, argv, cwd=cwd, env=env,
+                                     extra_fds=[*extra_fds, script_file], want_pid=want_pid,
+                                     held=held)
+    finally:
+        os.close(script_file)  # the shell has its own copy, and closes it before the command
+
+
+def _memory_file(data: bytes) -> int:
+    """A memfd holding `data`, at offset 0."""
+    fd = os.memfd_create("toolsd-command", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 async def run(session, p: ShellRunParams) -> ShellRunResult:
     session.check_open()
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
     oom_kills = session.oom_kills()
-    shell_name, shell_path = session.shell
+    shell_name, _shell_path = session.shell
     started = time.monotonic()
     command, cwd_fds = p.command, None
     if p.report_cwd:
         command, cwd_fds = CWD_TRAP + p.command, os.pipe2(os.O_CLOEXEC)
     try:
-        job, read_fd = await spawn_with_pipe(
-            session, [shell_path, "-c", command], cwd=cwd, env=env, want_pid=False, held=True,
+        job, read_fd = await spawn_shell(
+            session, command, cwd=cwd, env=env, want_pid=False, held=True,
             extra_fds=cwd_fds[1:] if cwd_fds else ())
     except BaseException:
         if cwd_fds:
