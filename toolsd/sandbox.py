@@ -95,7 +95,7 @@ class Policy:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
         if not isinstance(self.writable, bool):
             raise ValueError(f"writable must be true or false, got {self.writable!r}")
-        validate_env(self.env)
+        check_env_size(validate_env(self.env))
         _plan(self)  # raises on conflicting paths, so a Policy that exists can be mounted
 
 
@@ -177,6 +177,28 @@ def credential_paths(home: str) -> tuple[list[str], list[str]]:
     ones that exist (bwrap would create a missing mount point, inside the workspace too)."""
     return ([os.path.join(home, d) for d in _CREDENTIAL_DIRS],
             [os.path.join(home, f) for f in _CREDENTIAL_FILES])
+
+
+# The environment of any command of a session, at most: names, values, and an `=` and a NUL
+# byte each, as the kernel counts them. Every spawn request carries it, in one datagram of the
+# launcher's channel next to a command of up to shell_argv.INLINE_MAX bytes.
+ENV_MAX_BYTES = 64 * 1024
+
+
+def check_env_size(env: Mapping[str, str]) -> None:
+    """ValueError naming the size, the largest entry and the limit if `env` (the complete
+    environment of a command) is over ENV_MAX_BYTES."""
+    def size(text: str) -> int:
+        # surrogatepass: a path decoded with surrogateescape (HOME, say) may hold surrogates.
+        return len(text.encode(errors="surrogatepass"))
+
+    sizes = {key: size(key) + size(value) + 2 for key, value in env.items()}
+    total = sum(sizes.values())
+    if total > ENV_MAX_BYTES:
+        largest = max(sizes, key=sizes.__getitem__)
+        raise ValueError(f"the environment would be {total:,} bytes (env {largest!r} alone "
+                         f"{sizes[largest]:,}), over the limit of {ENV_MAX_BYTES:,} bytes for "
+                         f"all of it; pass large data in a file instead")
 
 
 def validate_env(env: object) -> dict[str, str]:

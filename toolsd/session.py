@@ -151,6 +151,10 @@ class Session:
             lang=os.environ.get("LANG", "C.UTF-8"),
             extra=self.user_env,
         )
+        try:
+            sandbox.check_env_size(self.env)
+        except ValueError as e:
+            raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
         for own in map(os.path.realpath, supervisor.hidden_paths()):
             if self.workspace == own or self.workspace.startswith(own.rstrip("/") + "/"):
                 raise ToolsdError(BAD_PARAMS, f"workspace {self.workspace} is inside toolsd's "
@@ -460,10 +464,12 @@ class Session:
 
     def command_env(self, extra: dict[str, str]) -> dict[str, str]:
         try:
-            extra = sandbox.validate_env(extra)
+            env = {**self.env, **sandbox.validate_env(extra)}
+            if extra:  # self.env alone was checked at open
+                sandbox.check_env_size(env)
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, str(e)) from None
-        return {**self.env, **extra}
+        return env
 
     @property
     def shell(self) -> tuple[str, str]:
