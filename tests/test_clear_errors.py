@@ -3,10 +3,13 @@ limit; a call cut off by session.close or turn.end says so, whatever tool it was
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from conftest import module_daemon
-from toolsd.client import ToolsdError
+import pytest
+import trio
+
+from conftest import module_daemon, wait_for
+from toolsd.client import AsyncClient, ToolsdError
 from toolsd.sandbox import ENV_MAX_BYTES
 
 MB = 1 << 20
@@ -45,3 +48,105 @@ def test_an_env_under_the_limit_reaches_the_command(daemon, client):
     r = client.shell_run(s, "echo ${#MORE}", env={"MORE": "m" * (ENV_MAX_BYTES // 4)})
     assert r["output"] == f"{ENV_MAX_BYTES // 4}\n"
     client.session_close(s)
+
+
+def read_fifo(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def started_fifo(daemon, tool: str) -> str:
+    """A FIFO in the workspace for code of `tool` to say it has started (it opens the FIFO
+    for writing, and waits until the test reads)."""
+    fifo = os.path.join(daemon.workspace, f"started-{tool}.fifo")
+    os.mkfifo(fifo)
+    return fifo
+
+
+async def cut_off_by_session_close(daemon, fifo: str, code: str, *, calls: int = 1,
+                                   tool: str = "repl"):
+    """Run `calls` requests of `code` (`tool`: "repl" or "shell") in a fresh session, close the
+    session once the first has said so on `fifo`; what each request got."""
+    outcomes = []
+    try:
+        async with await AsyncClient.connect(daemon.socket) as client:
+            s = (await client.session_open(daemon.workspace))["session"]
+            turn = (await client.turn_begin(s))["turn"]
+
+            async def call():
+                try:
+                    if tool == "shell":
+                        outcomes.append(await client.shell_run(s, code, timeout_s=600))
+                    else:
+                        outcomes.append(await client.repl_exec(s, turn, code, timeout_s=600))
+                except ToolsdError as e:
+                    outcomes.append(e)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(calls):
+                    nursery.start_soon(call)
+                await trio.to_thread.run_sync(read_fifo, fifo)
+                await client.session_close(s)
+    finally:
+        os.unlink(fifo)
+    return outcomes
+
+
+def errors(outcomes) -> list[tuple[str, str]]:
+    return [(o.code, o.message) if isinstance(o, ToolsdError) else ("no error", repr(o))
+            for o in outcomes]
+
+
+PYTHON_STARTED = "open({fifo!r}, 'w').write('x')\nimport time\ntime.sleep(1000)"
+
+
+async def test_repl_exec_cut_off_by_session_close_is_session_closed(daemon):
+    fifo = started_fifo(daemon, "repl")
+    # The second request waits behind the first: it is answered the same.
+    got = errors(await cut_off_by_session_close(daemon, fifo, PYTHON_STARTED.format(fifo=fifo),
+                                                calls=2))
+    assert [code for code, _ in got] == ["session_closed", "session_closed"], got
+    assert "was closed" in got[0][1]
+
+
+async def test_shell_run_cut_off_by_session_close_is_session_closed(daemon):
+    fifo = started_fifo(daemon, "shell")
+    got = errors(await cut_off_by_session_close(daemon, fifo, f"echo x > {fifo}; sleep 1000",
+                                                tool="shell"))
+    assert [code for code, _ in got] == ["session_closed"], got
+
+
+async def test_process_output_waiting_through_session_close_gets_the_final_status(daemon):
+    async with await AsyncClient.connect(daemon.socket) as client:
+        s = (await client.session_open(daemon.workspace))["session"]
+        bg = (await client.process_start(s, "echo up; exec sleep 1000"))["id"]
+        first = await client.process_output(bg, wait_s=60, until="up")
+        assert first["output"] == "up\n"
+        read = {}
+
+        async def wait_for_more():
+            read.update(await client.process_output(bg, wait_s=600))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_for_more)
+            await client.session_close(s)
+        assert (read["status"], read["signal"]) == ("stopped", "SIGTERM")
+
+
+async def test_image_read_cut_off_by_session_close_is_session_closed(daemon):
+    async with await AsyncClient.connect(daemon.socket) as client:
+        s = (await client.session_open(daemon.workspace))["session"]
+        got = []
+
+        async def read():
+            try:
+                # A pty master with no terminal on the other side: reading it waits for ever.
+                got.append(await client.image_read(s, "/dev/ptmx"))
+            except ToolsdError as e:
+                got.append(e)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.to_thread.run_sync(wait_for, lambda: daemon.running("/dev/ptmx"))
+            await client.session_close(s)
+        assert errors(got)[0][0] == "session_closed", errors(got)

@@ -90,6 +90,9 @@ class BackgroundProcess:
         self.log: CappedLog | None = log_file
         self.read_mark = 0
         self.stopped = False  # ended by process.stop / session close rather than on its own
+        # Stops under way, which decide `stopped` when they end (see settled).
+        self._stops = 0
+        self._stops_over = trio.Event()
         self.retired = False  # finished and drained: ring shrunk, log sealed (see _retire)
         self.output_done = trio.Event()  # the pipe reached EOF (or the session ended)
         self.finished = trio.Event()  # exited, and its last output read (or drain time over)
@@ -221,13 +224,26 @@ class BackgroundProcess:
 
     # ------------------------------------------------------------ stopping
 
+    async def settled(self) -> None:
+        """Until no stop is under way: a process that exits in the middle of one is
+        "stopped" or "exited" only once the stop knows whether its signals ended it."""
+        while self._stops:
+            await self._stops_over.wait()
+
     async def stop(self, grace_s: float) -> ProcessStopResult:
         was_running = self.running
-        ended, survivors = await end_tree(self.job, grace_s)
-        # Stopped only if our signals ended something: a process that ended by itself just
-        # before (or while) we looked is "exited", with its own exit code.
-        if was_running and ended:
-            self.stopped = True
+        self._stops += 1
+        try:
+            ended, survivors = await end_tree(self.job, grace_s)
+            # Stopped only if our signals ended something: a process that ended by itself
+            # just before (or while) we looked is "exited", with its own exit code.
+            if was_running and ended:
+                self.stopped = True
+        finally:
+            self._stops -= 1
+            if not self._stops:
+                self._stops_over.set()
+                self._stops_over = trio.Event()
         # Answer once its last output is in, so that it no longer counts as live (see start):
         # a start right after a stop finds the room the stop made.
         with trio.move_on_after(EXIT_DRAIN_S + 1):
@@ -400,6 +416,10 @@ async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutp
                     and trio.current_time() < deadline):
                 continue
         break
+    if p.wait_s > 0 and not proc.running:
+        # Woken by an exit that a stop under way caused, maybe: the status waits for it.
+        with trio.move_on_at(deadline):
+            await proc.settled()
     end = proc.ring.end
     if p.since is None:
         # Taken before rendering (which may let other tasks run), so that a concurrent

@@ -165,6 +165,9 @@ class Repl:
         self.turn_id = turn_id
         self.spills = spills  # the session's, for requests with `spill`
         self.closed = False
+        # (code, message) for a request that aclose cut off or that waited behind one, when
+        # the session's close ended this REPL (see aclose).
+        self._cut_off: tuple[str, str] | None = None
         # One request at a time, in the order they came. A semaphore, not a lock: a request
         # without a task (start_detached) is ended by the task that reads its sentinel.
         self._lock = trio.Semaphore(1)
@@ -195,8 +198,7 @@ class Repl:
             await self._lock.acquire()
         try:
             if self.closed:
-                raise ToolsdError(NOT_FOUND, f"turn {self.turn_id} has ended; start a new one "
-                                  f"with turn.begin")
+                raise self.ended()
             interp = self._interp
             fresh = interp is None or interp.gone
             lost = fresh and interp is not None and not interp.loss_told
@@ -209,8 +211,7 @@ class Repl:
                 if self.closed:
                     # The turn ended while the interpreter started: aclose did not see it.
                     await interp.kill()
-                    raise ToolsdError(NOT_FOUND, f"turn {self.turn_id} ended while its "
-                                      f"interpreter started; start a new turn")
+                    raise self.ended()
         except BaseException:
             self._lock.release()
             raise
@@ -339,9 +340,20 @@ class Repl:
         feed(data)
         return dropped
 
-    async def aclose(self) -> bool:
-        """Kill the interpreter's tree; True if it was running. Later requests are refused."""
+    def ended(self) -> ToolsdError:
+        """The error for a request on this REPL once it is closed."""
+        if self._cut_off is not None:
+            return ToolsdError(*self._cut_off)
+        return ToolsdError(NOT_FOUND, f"turn {self.turn_id} has ended; start a new one with "
+                                      f"turn.begin")
+
+    async def aclose(self, cut_off: ToolsdError | None = None) -> bool:
+        """Kill the interpreter's tree; True if it was running. Later requests are refused;
+        with `cut_off` (the session is closing), the request it cuts off is answered that
+        too, rather than as a crash of its interpreter."""
         self.closed = True
+        if cut_off is not None:
+            self._cut_off = (cut_off.code, cut_off.message)
         interp = self._interp
         if interp is None:
             return False
@@ -417,7 +429,11 @@ class _Run:
         if self.interp.waiter is self:
             self.interp.waiter = None
         try:
-            return self.result(*await self.repl._run(self))
+            status, state_lost, *details = await self.repl._run(self)
+            if state_lost and self.repl._cut_off is not None:
+                # Its interpreter was killed by the session's close, not by the code.
+                raise self.repl.ended()
+            return self.result(status, state_lost, *details)
         finally:
             self.repl._lock.release()
             if self.spill is not None:

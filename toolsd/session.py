@@ -336,8 +336,11 @@ class Session:
 
         with trio.CancelScope(shield=True):
             repls = 0
+            how = f"ended: {self.ended_why}" if self.ended_why else "closed"
+            closed = ToolsdError(SESSION_CLOSED, f"session {self.id} was {how}, which stops "
+                                 f"everything it runs; open a new session")
             for turn in list(self.turns.values()):
-                repls += await self._end_turn(turn)
+                repls += await self._end_turn(turn, closed)
             stopped = 0
             async with trio.open_nursery() as n:
                 for proc in list(self.processes.values()):
@@ -436,12 +439,14 @@ class Session:
         turn = self.turn(turn_id)
         return await self._end_turn(turn)
 
-    async def _end_turn(self, turn: Turn) -> int:
+    async def _end_turn(self, turn: Turn, cut_off: ToolsdError | None = None) -> int:
+        """Stop the turn's REPLs; `cut_off` answers the requests they cut off (see
+        Repl.aclose)."""
         self.turns.pop(turn.id, None)
         count = 0
         with trio.CancelScope(shield=True):
             for repl in list(turn.repls.values()):
-                if await repl.aclose():
+                if await repl.aclose(cut_off):
                     count += 1
         return count
 
