@@ -8,11 +8,19 @@ lives once in `_Protocol`; the two clients only move bytes. Exceptions::
 
 `call(method, **params)` returns the result map. The named helpers (`shell_run`, ...) are the
 same call with the contract's names; on AsyncClient they are awaited.
+
+Connecting: when the daemon's queue of connections waiting to be accepted is full (a burst of
+clients, or a daemon that does not accept), the kernel refuses a connect at once (EAGAIN). Both
+clients then try again, with short pauses, for up to CONNECT_WAIT_S (a blocking Client with a
+shorter `timeout`: that long), and raise ConnectionLost saying so if the queue stays full.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
+import time
+from collections.abc import Generator
 from typing import Any
 
 import msgspec
@@ -21,7 +29,15 @@ from .framing import FrameReader, encode_frame
 from .paths import resolve_socket_path
 from .protocol import DEFAULT_MAX_FRAME, ToolsdError
 
-__all__ = ["Client", "AsyncClient", "ToolsdError", "ConnectionLost"]
+__all__ = ["Client", "AsyncClient", "ToolsdError", "ConnectionLost", "CONNECT_WAIT_S"]
+
+log = logging.getLogger("toolsd.client")
+
+# How long a connect keeps trying while the daemon's queue of waiting connections is full.
+CONNECT_WAIT_S = 5.0
+# Pauses between those tries: doubling from the first to the last.
+_RETRY_FIRST_S = 0.001
+_RETRY_MAX_S = 0.05
 
 
 class ConnectionLost(ToolsdError):
@@ -88,6 +104,42 @@ class _Protocol:
         return reply.result
 
 
+def _connect(path: str, wait_s: float) -> Generator[float, None, socket.socket]:
+    """Connect a non-blocking socket to `path`: yields the pauses to make (the caller sleeps,
+    blocking or awaiting) while the daemon's queue is full, returns the connected socket, and
+    raises ConnectionLost when it cannot connect. Closing the generator closes the socket."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    deadline = time.monotonic() + wait_s
+    pause = _RETRY_FIRST_S
+    try:
+        while True:
+            try:
+                # A Unix socket connects at once or not at all: no EINPROGRESS to wait out.
+                sock.connect(path)
+                return sock
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ConnectionLost(
+                        f"toolsd at {path} accepted no connection for {wait_s:g} s: its queue "
+                        f"of connections waiting to be accepted stayed full (too many clients "
+                        f"connecting at once, or the daemon is stuck); try again later, or "
+                        f"check it with `toolsd status`") from None
+                if pause == _RETRY_FIRST_S:
+                    log.info("toolsd at %s has a full queue of connections; trying again for "
+                             "up to %g s", path, wait_s)
+                yield min(pause, left)
+                pause = min(pause * 2, _RETRY_MAX_S)
+    except OSError as e:
+        sock.close()
+        raise ConnectionLost(f"cannot reach toolsd at {path} ({e.strerror}); is it running? "
+                             f"start it with `toolsd serve`") from None
+    except BaseException:
+        sock.close()
+        raise
+
+
 def _to_error(error: dict) -> ToolsdError:
     return ToolsdError(str(error.get("code", "internal")), str(error.get("message", "")))
 
@@ -148,14 +200,16 @@ class Client(_Methods):
     def __init__(self, socket_path: str | None = None, *, timeout: float | None = None):
         self.socket_path = resolve_socket_path(socket_path)
         self._proto = _Protocol()
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.settimeout(timeout)
+        connecting = _connect(self.socket_path, CONNECT_WAIT_S if timeout is None
+                              else min(timeout, CONNECT_WAIT_S))
         try:
-            self._sock.connect(self.socket_path)
-        except OSError as e:
-            self._sock.close()
-            raise ConnectionLost(f"cannot reach toolsd at {self.socket_path} ({e.strerror}); "
-                                 f"is it running? start it with `toolsd serve`") from None
+            while True:
+                time.sleep(next(connecting))
+        except StopIteration as connected:
+            self._sock = connected.value
+        finally:
+            connecting.close()
+        self._sock.settimeout(timeout)
 
     def call(self, method: str, **params: Any) -> Any:
         request_id, frame = self._proto.request(method, params)
@@ -245,15 +299,24 @@ class _Backend:
         import sniffio
 
         library = sniffio.current_async_library()
-        try:
-            if library == "trio":
-                return await _TrioBackend.open(path)
-            if library == "asyncio":
-                return await _AsyncioBackend.open(path)
-        except OSError as e:
-            raise ConnectionLost(f"cannot reach toolsd at {path} ({e.strerror}); is it "
-                                 f"running? start it with `toolsd serve`") from None
+        if library == "trio":
+            return await _TrioBackend.open(path)
+        if library == "asyncio":
+            return await _AsyncioBackend.open(path)
         raise RuntimeError(f"AsyncClient supports trio and asyncio, not {library}")
+
+    @staticmethod
+    async def connect(path: str, sleep) -> socket.socket:
+        """_connect, pausing with the library's `sleep`. (Not the libraries' own connects:
+        a full queue makes them hand back a socket that is not connected.)"""
+        connecting = _connect(path, CONNECT_WAIT_S)
+        try:
+            while True:
+                await sleep(next(connecting))
+        except StopIteration as connected:
+            return connected.value
+        finally:
+            connecting.close()
 
 
 class _TrioBackend(_Backend):
@@ -267,7 +330,8 @@ class _TrioBackend(_Backend):
     async def open(cls, path: str) -> _TrioBackend:
         import trio
 
-        return cls(await trio.open_unix_socket(path))
+        sock = await _Backend.connect(path, trio.sleep)
+        return cls(trio.SocketStream(trio.socket.from_stdlib_socket(sock)))
 
     def lock(self):
         return self._trio.Lock()
@@ -312,7 +376,12 @@ class _AsyncioBackend(_Backend):
     async def open(cls, path: str) -> _AsyncioBackend:
         import asyncio
 
-        return cls(*await asyncio.open_unix_connection(path, limit=2**20))
+        sock = await _Backend.connect(path, asyncio.sleep)
+        try:
+            return cls(*await asyncio.open_unix_connection(sock=sock, limit=2**20))
+        except BaseException:
+            sock.close()
+            raise
 
     def lock(self):
         return self._asyncio.Lock()

@@ -52,6 +52,10 @@ log = logging.getLogger("toolsd.server")
 MAX_IN_FLIGHT = 256
 # Frames of one read handled before the connection lets other tasks run.
 FRAMES_PER_TURN = 4
+# Connections the kernel queues for us before we accept them (it caps this at
+# net.core.somaxconn). Past it, a connect is refused at once with EAGAIN (the client library
+# tries again for a while): hundreds of agents connecting in the same moment must fit.
+LISTEN_BACKLOG = 4096
 
 
 class Connection:
@@ -368,7 +372,7 @@ def bind_socket(path: str) -> trio.socket.SocketType:
         sock.bind(path)
     finally:
         os.umask(old_umask)
-    sock.listen(128)
+    sock.listen(LISTEN_BACKLOG)
     return trio.socket.from_stdlib_socket(sock)
 
 
