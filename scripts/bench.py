@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """toolsd's speed, each figure printed next to its anchor measured in the same run.
 
-Run: .venv/bin/python scripts/bench.py [section ...]   (sections: see SECTIONS below)
+Run: .venv/bin/python scripts/bench.py [section ...] [--sessions N] [--clients N]   (sections:
+see SECTIONS below; the options are for `load`)
 Timings live here, never in tests: machines are noisy, so every figure comes with a ratio to
 something measured on the same machine a moment earlier.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
@@ -284,12 +286,17 @@ def bench_spill_cwd() -> None:
            ratio=drains[False] / drains[True])
 
 
-def section(module: str, function: str):
+# Command-line options, for the sections that take them (set by main).
+OPTIONS: dict = {}
+
+
+def section(module: str, function: str, *options: str):
     """A section kept in its own file (scripts/bench_*.py); those import this module's
-    helpers, so they are imported when run, not at the top."""
+    helpers, so they are imported when run, not at the top. `options` are the command-line
+    options it takes, passed by name."""
     def run() -> None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        getattr(__import__(module), function)()
+        getattr(__import__(module), function)(**{name: OPTIONS[name] for name in options})
     return run
 
 
@@ -301,15 +308,25 @@ SECTIONS = {
     "load-once": section("bench_repl", "bench_load_once"),
     "processes": section("bench_processes", "bench_processes"),
     "image": section("bench_image", "bench_image"),
+    "load": section("bench_load", "bench_load", "sessions", "clients"),
 }
 
 
 def main(argv: list[str]) -> None:
-    names = argv or list(SECTIONS)
+    parser = argparse.ArgumentParser(description="toolsd's speed, next to anchors")
+    parser.add_argument("sections", nargs="*", metavar="section",
+                        help=f"any of {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--sessions", type=int, default=200,
+                        help="sessions the load section opens (default 200)")
+    parser.add_argument("--clients", type=int, default=16,
+                        help="concurrent clients of the load section (default 16)")
+    args = parser.parse_args(argv)
+    names = args.sections or list(SECTIONS)
     for name in names:
         if name not in SECTIONS:
             raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
     print(f"toolsd bench on {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    OPTIONS.update(sessions=args.sessions, clients=args.clients)
     for name in names:
         SECTIONS[name]()
 
