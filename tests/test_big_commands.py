@@ -134,3 +134,16 @@ def test_a_big_command_reports_its_folder_as_a_small_one(daemon, client, session
                          report_cwd=True)
     assert (r["exit_code"], r["output"]) == (0, "closed\n")
     assert r["cwd_after"] == os.path.join(daemon.workspace, "sub")
+
+
+def test_process_list_shows_big_commands_cut_and_still_fits_a_frame(client, session):
+    # Two commands of 9 MiB: listed whole, they would make a reply over the 16 MiB frame.
+    ids = [client.process_start(session, f"{padding(9 << 20)}\necho {i}; exec sleep 1000")["id"]
+           for i in range(2)]
+    listed = {p["id"]: p for p in client.process_list(session)["processes"]}
+    for i, process_id in enumerate(ids):
+        command = listed[process_id]["command"]
+        assert len(command) <= 4096
+        assert command.startswith("#xxx") and command.endswith(f"echo {i}; exec sleep 1000")
+        assert "bytes left out" in command
+        client.process_stop(process_id)

@@ -31,6 +31,7 @@ from .output import (
     Ring,
     UntilPattern,
     UntilScan,
+    clip,
     compile_until,
     head_piece,
     tail_piece,
@@ -73,6 +74,9 @@ CPU_THREADS = 2
 # After the command exits, how long a waiting read gives the pipe to deliver the command's
 # last output before it answers (a child holding the pipe may keep it open for ever).
 EXIT_DRAIN_S = 0.1
+# What is kept of a command to show in process.list: its head and tail. A command may be as
+# big as a frame, and a thousand of them are remembered.
+COMMAND_SHOWN_CHARS = 4096
 
 
 class BackgroundProcess:
@@ -80,7 +84,7 @@ class BackgroundProcess:
                  log_file: CappedLog, oom_kills_before: int | None = None):
         self.id = process_id
         self.session = session
-        self.command = command
+        self.command = clip(command.encode(), COMMAND_SHOWN_CHARS)[0]
         self.name = name
         self.job = job
         self.pid = job.pid
