@@ -425,7 +425,11 @@ def test_an_interpreter_that_died_between_calls_is_replaced(daemon, client, sess
     interpreter.kill()
     interpreter.wait(STUCK_S)
     r = client.repl_exec(session, turn, "'kept' in globals()")
-    assert (r["status"], r["output"], r["fresh"]) == ("ok", "False\n", True)
+    # Run on a fresh one, and the first call to know says the state is lost.
+    assert (r["status"], r["output"], r["fresh"], r["state_lost"]) == ("ok", "False\n", True,
+                                                                        True)
+    r = client.repl_exec(session, turn, "kept = 2; kept")
+    assert (r["output"], r["fresh"], r["state_lost"]) == ("2\n", False, False)
 
 
 # ------------------------------------------------------------------ sandbox
