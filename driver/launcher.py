@@ -29,7 +29,8 @@ one that runs it: no fork and no relay on its critical path. The reader peeks at
 request, writes its job number to memory it shares with the launcher, receives the request and
 says "took" once the command runs; a standby then becomes the reader (see Launcher for when
 forks happen). A reader killed before writing the job number leaves the request queued for the
-next reader; one killed later is reported as an error for that job by the launcher, and later
+next reader; one killed later, before it started the command, is reported as an "unstarted"
+error for that job by the launcher (the daemon sends the request again, as a new job), and later
 readers drop the job if they find it still queued: a request is never lost and never run twice.
 The launcher reads a waiting request itself only to fail it, when it cannot fork a shim.
 
@@ -45,6 +46,13 @@ has, and retires when a request asks others.
 
 When the daemon's end closes (the daemon exited, even by SIGKILL) the launcher kills every
 descendant and exits.
+
+Signals from the session's code: in bwrap the launcher is pid 1 of the pid namespace, which
+gets no signal from inside that it does not handle, and it handles only SIGCHLD. It and its
+shims ignore every signal that can be ignored; the commands get the defaults back. A shim
+stopped by SIGSTOP is resumed by the launcher (waitpid reports the stop to its parent); a shim
+killed with SIGKILL is replaced, and the job it ran ends (see Launcher.reap). The names in
+`ps` are toolsd-init and toolsd-shim, not the interpreter's.
 """
 
 # Modules are chosen for the launcher's start time, which every session.open waits for: the
@@ -82,16 +90,32 @@ MAX_MSG = 1 << 20
 MAX_FDS = 64
 FD_SIZE = 4  # a C int
 ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * FD_SIZE)
-# Python ignores these at startup; an ignored disposition survives exec, so a command would
-# never see SIGPIPE (`yes | head` would spin) unless we put the defaults back.
-DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
-SIGCHLD, SIGTERM, SIGKILL = _signal.SIGCHLD, _signal.SIGTERM, _signal.SIGKILL
-# Readers dying in a row without taking a job (killed from inside the sandbox as soon as they
-# are forked) before the launcher fails the waiting request instead of forking again.
+SIGCHLD, SIGCONT, SIGKILL = _signal.SIGCHLD, _signal.SIGCONT, _signal.SIGKILL
+# Every signal that would end or stop a process by default, less the two nobody can ignore:
+# the launcher and its shims ignore them all, so that what the session's code sends to
+# everything (pkill, killall, kill -TERM -1) cannot end the sandbox's machinery (SIGKILL and
+# SIGSTOP: see Launcher.reap). SIGCHLD and SIGCONT keep their meaning.
+IGNORED_SIGNALS = tuple(sorted(
+    set(_signal.valid_signals()) - {SIGKILL, _signal.SIGSTOP, SIGCHLD, SIGCONT,
+                                    _signal.SIGURG, _signal.SIGWINCH}))
+# An ignored disposition survives exec (Python itself ignores SIGPIPE and SIGXFSZ), so a
+# command would never see SIGPIPE (`yes | head` would spin) or SIGTERM unless we put the
+# defaults back.
+DEFAULT_SIGNALS = IGNORED_SIGNALS
+# Names of the machinery in `ps`, and none that `pkill python` or `killall python` matches:
+# shorter than the 15 characters at which killall goes by the command line instead.
+LAUNCHER_NAME = b"toolsd-init"
+SHIM_NAME = b"toolsd-shim"
+PR_SET_NAME = 15
+# Readers dying in a row with a request waiting, without taking a job (killed from inside the
+# sandbox as soon as they are forked), before the launcher fails the request instead of forking
+# again.
 MAX_READER_DEATHS = 3
 # Shared between the launcher and one shim: (taken, job, command), the job written by the shim
 # as the reader before it receives the request, the command's pid once it runs. The launcher
-# reads it when the shim says "took" or dies.
+# reads it when the shim says "took" or dies. `taken` is CLAIMED, then SPAWNING from just
+# before the shim starts the command: a shim killed before that never ran it.
+CLAIMED, SPAWNING = 1, 2
 class _Slot:
     """Three int64 in shared memory, written in one copy (struct's packing, without the
     struct module: each extension module loaded costs the launcher's start ~0.5 ms)."""
@@ -142,6 +166,11 @@ def prctl(option, value):
     if _prctl(option, Long(value), Long(0), Long(0), Long(0)) != 0:
         err = _ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def set_name(name):
+    """Our name in /proc/PID/comm, which ps, pgrep and killall show and match."""
+    _prctl(PR_SET_NAME, name, Long(0), Long(0), Long(0))
 
 
 def dup_above(fd, floor):
@@ -259,12 +288,13 @@ def descendants(pid):
     return found
 
 
-def reap_nohang():
-    """[(pid, wait status)] of the children that have exited."""
+def reap_nohang(flags=0):
+    """[(pid, wait status)] of the children that have exited (and with `flags`, WUNTRACED
+    and WCONTINUED, of those that were stopped or continued)."""
     reaped = []
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG | flags)
         except ChildProcessError:
             return reaped
         if pid == 0:
@@ -405,7 +435,7 @@ class Limits:
         return times.user + times.system >= limit[0] / 2
 
 
-def start_command(req, fds, limits):
+def start_command(req, fds, limits, slot):
     """chdir, rlimits, posix_spawn. Runs in the shim, so the chdir and the limits touch only
     the shim and its commands. Closes fds. Returns the command's pid."""
     moved = []
@@ -432,6 +462,7 @@ def start_command(req, fds, limits):
         for fd in fds:
             moved.append(dup_above(fd, floor))
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(moved)]
+        SLOT.pack_into(slot, 0, SPAWNING, req["job"], 0)
         try:
             return os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
                                   setsigdef=DEFAULT_SIGNALS, setsigmask=())
@@ -483,7 +514,7 @@ def claim(slot, job):
     receiving it, so that whenever we die the launcher knows whether a job was ours."""
     # Job first, then the flag: a shim killed between the two leaves no half-written claim.
     SLOT.pack_into(slot, 0, 0, job, 0)
-    SLOT.pack_into(slot, 0, 1, job, 0)
+    SLOT.pack_into(slot, 0, CLAIMED, job, 0)
 
 
 RETIRE = "retire"
@@ -547,7 +578,7 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
     module docstring). Returns whether this shim may take another job."""
     job = req["job"]
     try:
-        pid = start_command(req, fds, limits)
+        pid = start_command(req, fds, limits, slot)
     except Exception as e:
         message = str(e) if isinstance(e, StartError) else "launcher error: %r" % (e,)
         # "took" before any word to the daemon: a request the daemon sends after hearing
@@ -558,7 +589,8 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
         os.close(hold_r)
         os.close(hold_w)
         return isinstance(e, StartError) and not limits.unknown
-    SLOT.pack_into(slot, 0, 1, job, pid)  # should we die, the launcher ends what we started
+    # Should we die, the launcher ends what we started.
+    SLOT.pack_into(slot, 0, SPAWNING, job, pid)
     child_fd = os.pidfd_open(pid)
     tell(private, b"took")
     send(host, {"op": "started", "job": job, "pid": pid}, [child_fd, self_fd, hold_w])
@@ -706,6 +738,10 @@ class Shim:
         """The pid of the command it started for its job, or 0."""
         return SLOT.unpack_from(self.slot)[2]
 
+    def spawning(self):
+        """Whether it may have started the command of the job it took (see SPAWNING)."""
+        return SLOT.unpack_from(self.slot)[0] == SPAWNING
+
     def close(self):
         self.sock.close()
         self.slot.close()
@@ -761,7 +797,7 @@ class Launcher:
                 # into an enum through a raised ValueError, which costs a shim ~100 copied
                 # pages (0.5 ms) of the memory it shares with us.
                 _signal.signal(SIGCHLD, _signal.SIG_DFL)
-                _signal.signal(SIGTERM, _signal.SIG_DFL)
+                set_name(SHIM_NAME)
                 os.close(self.wake_r)
                 os.close(self.wake_w)
                 parent_end.close()
@@ -845,10 +881,18 @@ class Launcher:
                 shim.closed = True  # exiting: stop polling it, SIGCHLD follows
 
     def reap(self):
+        """Collect exited children and act on them; resume shims that something stopped."""
         reaped = False
-        dead = []  # (job, command or 0) of shims killed in the middle of a job
+        dead = []  # (job, command or 0, spawning) of shims killed in the middle of a job
         others = {}  # pid -> wait status of children that were no shim
-        for pid, status in reap_nohang():
+        for pid, status in reap_nohang(os.WUNTRACED | os.WCONTINUED):
+            if os.WIFSTOPPED(status) or os.WIFCONTINUED(status):
+                # SIGSTOP cannot be ignored: a command may stop any shim (kill -STOP -1),
+                # which would then never take, report or end a job. Its own processes the
+                # session may stop as it likes.
+                if os.WIFSTOPPED(status) and any(s.pid == pid for s in self.shims()):
+                    signal_pid(pid, SIGCONT)
+                continue
             reaped = True
             if pid not in {shim.pid for shim in self.shims()}:
                 others[pid] = status  # something a dead shim left, reparented to us
@@ -867,7 +911,10 @@ class Launcher:
                     self.reader.job = job
                 else:
                     self.reader.close()
-                self.reader_deaths += 1
+                # Only readers killed while a request waits count towards giving up on it:
+                # a session's `kill -9 -1` that killed idle shims costs it nothing.
+                if select.select([self.spawn_channel], [], [], 0)[0]:
+                    self.reader_deaths += 1
                 self.reader = None
                 self.promote()
             shim = self.busy.pop(pid, None)
@@ -875,27 +922,27 @@ class Launcher:
                 continue
             if not shim.closed:
                 self.read_words(shim)  # an "idle" said before dying
-            command = shim.command()
+            command, spawning = shim.command(), shim.spawning()
             shim.close()
             if status != 0 and shim.job is not None:
-                dead.append((shim.job, command))
+                dead.append((shim.job, command, spawning))
         if dead:
             # Whatever the dead shims started has reparented to us: it goes, and nothing
             # tells one dead shim's tree from another's.
             others.update(self.kill_orphans())
-            for job, command in dead:
-                if not command and len(dead) == 1 and others:
+            for job, command, spawning in dead:
+                if not command and spawning:
                     # Killed between starting its command and writing its pid down (the
-                    # command can stop it that soon): what we just ended was that command.
+                    # command can stop it that soon): if it ran, we just ended it.
                     command = -1
                 if command:
                     # A wait status of SIGKILL (9) where its own went unseen.
                     message = exit_message_of_status(job, others.get(command, SIGKILL))
                     message["done"] = True
                 else:
-                    # Failed or killed before starting the command: say so, or the daemon
-                    # would wait for `started` for ever.
-                    message = {"op": "error", "job": job,
+                    # Killed before starting the command: say so, or the daemon would wait
+                    # for `started` for ever. It never ran, so the daemon may send it again.
+                    message = {"op": "error", "job": job, "unstarted": True,
                                "message": "the launcher's shim died before starting the "
                                           "command"}
                 send(self.host, message)
@@ -1050,8 +1097,13 @@ def main():
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     global REFERENCE
     REFERENCE = own_state()
-    # SIGTERM ends us like EOF does: through the finally below, taking the tree along.
-    _signal.signal(SIGTERM, lambda *_: sys.exit(0))
+    # Nothing but the daemon's channel ends us (EOF): no signal the session's code can send.
+    # In the sandbox we are pid 1 of its pid namespace, whom the kernel spares every signal
+    # from inside that we do not handle, SIGKILL and SIGSTOP included; ignoring the rest
+    # (SIGINT would raise KeyboardInterrupt) keeps it so, and the shims inherit it.
+    for sig in IGNORED_SIGNALS:
+        _signal.signal(sig, _signal.SIG_IGN)
+    set_name(LAUNCHER_NAME)
     try:
         Launcher(host, spawn).serve()
     except Tampered as e:

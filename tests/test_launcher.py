@@ -34,8 +34,8 @@ def bwrap_prefix(folder: str) -> list[str]:
     own = [a for p in own_files_under_tmp() for a in ("--ro-bind", p, p)]
     return [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
             *own, "--bind", folder, folder, "--unshare-user", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-net", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--"]
+            "--unshare-uts", "--unshare-net", "--as-pid-1", "--die-with-parent",
+            "--new-session", "--cap-drop", "ALL", "--"]
 
 
 @pytest.fixture(params=["bwrap", "none"])
@@ -418,15 +418,12 @@ async def test_missing_wrapper_program_is_a_clear_error(nursery):
         await Launcher.start(nursery, wrapper=["/nonexistent/bwrap", "--"], env=ENV)
 
 
-async def test_launcher_killed_from_inside_wakes_every_waiter(launcher):
+async def test_launcher_killed_wakes_every_waiter(launcher):
     sleeper, read_fd = await spawn_piped(launcher, ["sleep", "1000"])
     os.close(read_fd)
     sleeper_pid = sleeper.pid
-    try:
-        _, read_fd = await spawn_piped(launcher, ["kill", "-9", str(launcher.info["pid"])])
-        os.close(read_fd)
-    except LauncherDied:
-        pass  # the kill can land before the host has read that the killer started
+    # From the host: from inside the sandbox it cannot be killed (the next test).
+    os.kill(launcher.host_pid, signal.SIGKILL)
     with trio.fail_after(20):
         with pytest.raises(LauncherDied):
             await sleeper.wait()
@@ -438,6 +435,24 @@ async def test_launcher_killed_from_inside_wakes_every_waiter(launcher):
     assert sleeper.lost
     await launcher.aclose()
     assert_gone([sleeper_pid, sleeper.shim_pid])
+
+
+async def test_the_launcher_is_pid_1_and_no_signal_from_inside_ends_it(nursery, tmp_path):
+    if BWRAP is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    launcher = await Launcher.start(nursery, wrapper=bwrap_prefix(str(tmp_path)), env=ENV)
+    try:
+        assert launcher.info["pid"] == 1
+        for sig in ("KILL", "STOP", "TERM", "INT", "HUP", "QUIT", "SEGV", "USR1"):
+            assert await run(launcher, ["kill", f"-{sig}", "1"]) == (b"", (0, None))
+        with trio.fail_after(20):  # a bound, not a speed: a stopped launcher never answers
+            await launcher.ping()
+        assert psutil.Process(launcher.host_pid).status() != psutil.STATUS_STOPPED
+        assert await run(launcher, ["echo", "alive"]) == (b"alive\n", (0, None))
+    finally:
+        pids = tree_pids(launcher)
+        await launcher.aclose()
+        assert_gone(pids)
 
 
 async def test_aclose_leaves_no_process_of_the_sandbox(nursery, wrapper):
@@ -680,7 +695,7 @@ def faulty_launcher(folder, function: str, after: bool) -> str:
     pytest.param(("claim", True), id="killed-after-claiming-before-receiving"),
     pytest.param(("start_command", False), id="killed-after-receiving"),
 ])
-async def test_spare_killed_while_taking_a_job_fails_it_and_never_runs_it(
+async def test_spare_killed_while_taking_a_job_runs_it_once_on_another(
         nursery, wrapper, tmp_path, fault):
     launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV,
                                     launcher_py=faulty_launcher(tmp_path, *fault))
@@ -689,17 +704,19 @@ async def test_spare_killed_while_taking_a_job_fails_it_and_never_runs_it(
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         try:
             with trio.fail_after(20):  # a lost request would hang here forever
-                with pytest.raises(LauncherError, match="shim died before starting"):
-                    await launcher.spawn(["echo", "victim"], cwd="/", env=ENV,
-                                         stdin=write_fd, stdout=write_fd, stderr=write_fd)
+                # The request never ran: it is sent again, and runs on another shim.
+                victim = await launcher.spawn(["echo", "victim"], cwd="/", env=ENV,
+                                              stdin=write_fd, stdout=write_fd,
+                                              stderr=write_fd)
                 survivor = await launcher.spawn(["echo", "survivor"], cwd="/", env=ENV,
                                                 stdin=write_fd, stdout=write_fd,
                                                 stderr=write_fd)
         finally:
             os.close(write_fd)
-        # EOF comes once every copy of the pipe is closed, including the victim's request's
-        # (dropped or gone with the spare): had the victim run, its output would be here.
-        assert await read_all(read_fd) == b"survivor\n"
+        # EOF comes once every copy of the pipe is closed, including the first request's
+        # (dropped or gone with the spare): had it run too, its output would be here twice.
+        assert await read_all(read_fd) == b"victim\nsurvivor\n"
+        assert await victim.wait() == (0, None)
         assert await survivor.wait() == (0, None)
         assert (tmp_path / "fault-done").exists()
     finally:
@@ -819,10 +836,11 @@ def has_exited(proc: psutil.Process) -> bool:
         return True
 
 
-async def test_a_shim_stopped_before_it_reports_the_start_is_killed_and_the_job_reported(
+async def test_a_shim_stopped_before_it_reports_the_start_is_resumed_and_reports(
         nursery, wrapper, tmp_path):
     # A command can stop its shim (kill -STOP $PPID) before the shim says `started`: the
     # request would wait for ever, and the launcher with it, for a reader that never reads.
+    # The launcher sees the stop (its child) and resumes it.
     script = start_command_wrapped(tmp_path, "stopped_shim", """
         def wrapped(req, *args):
             pid = original(req, *args)
@@ -834,10 +852,9 @@ async def test_a_shim_stopped_before_it_reports_the_start_is_killed_and_the_job_
     pids = tree_pids(launcher)
     try:
         with trio.fail_after(20):  # a bound, not a speed: without the fix it waits for ever
-            job = await launcher.spawn(["sh", "-c", "sleep 1000", "stop-me"], cwd="/",
-                                       env=ENV, stdin=0, stdout=1, stderr=2, want_pid=False)
-            assert await job.wait() == (None, signal.SIGKILL)
-            await job.done.wait()
+            # Resumed, not killed (the daemon kills a shim it finds stopped a second later).
+            assert await run(launcher, ["sh", "-c", "echo ran", "stop-me"],
+                             want_pid=False) == (b"ran\n", (0, None))
             assert await run(launcher, ["echo", "after"]) == (b"after\n", (0, None))
         pids |= tree_pids(launcher)
     finally:

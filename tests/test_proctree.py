@@ -29,8 +29,8 @@ def bwrap_prefix(folder: str) -> list[str]:
     own = [a for p in own_files_under_tmp() for a in ("--ro-bind", p, p)]
     return [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
             *own, "--bind", folder, folder, "--unshare-user", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-net", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--"]
+            "--unshare-uts", "--unshare-net", "--as-pid-1", "--die-with-parent",
+            "--new-session", "--cap-drop", "ALL", "--"]
 
 
 @pytest.fixture(params=["bwrap", "none"])

@@ -248,17 +248,10 @@ def test_git_folder_cannot_be_swapped_for_one_with_hostile_config(daemon, client
         assert f.read() == "[core]\n"
 
 
-def test_stopping_the_launcher_from_inside_breaks_only_that_session(daemon, client):
-    import toolsd.shell
-
+def test_stopping_the_launcher_and_its_shims_from_inside_changes_nothing(daemon, client):
     s = client.session_open(daemon.workspace)["session"]
-    other = client.session_open(daemon.workspace)["session"]
-    # Freeze the launcher and its spare shim (every copy of driver/launcher.py but the shim
-    # of this very command, $PPID).
+    # Freeze the launcher and its spare shims (every copy of driver/launcher.py but the shim
+    # of this very command, $PPID): pid 1 ignores it, and the launcher resumes its shims.
     client.shell_run(s, "for p in $(pgrep -f driver/launcher.py); do "
                         "[ $p != $PPID ] && kill -STOP $p; done; true", timeout_s=5)
-    with pytest.raises(Exception) as e:
-        client.shell_run(s, "echo never", timeout_s=5)
-    assert getattr(e.value, "code", "") == "session_closed"
-    assert client.shell_run(other, "echo fine")["output"] == "fine\n"
-    assert toolsd.shell.SPAWN_TIMEOUT_S < 60
+    assert client.shell_run(s, "echo works", timeout_s=60)["output"] == "works\n"

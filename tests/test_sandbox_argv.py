@@ -30,8 +30,8 @@ SCRATCH = "/var/lib/toolsd/scratch/s1"
 ARITY = {"--ro-bind": 2, "--bind": 2, "--dev": 1, "--proc": 1, "--tmpfs": 1, "--setenv": 2,
          "--chdir": 1, "--cap-drop": 1, "--clearenv": 0, "--unshare-user": 0,
          "--unshare-pid": 0, "--unshare-ipc": 0, "--unshare-uts": 0,
-         "--unshare-cgroup-try": 0, "--unshare-net": 0, "--die-with-parent": 0,
-         "--new-session": 0}
+         "--unshare-cgroup-try": 0, "--unshare-net": 0, "--as-pid-1": 0,
+         "--die-with-parent": 0, "--new-session": 0}
 MOUNTS = {"--ro-bind", "--bind", "--dev", "--proc", "--tmpfs"}
 
 
@@ -97,7 +97,7 @@ def test_argv_starts_with_the_given_bwrap_as_is_without_looking_it_up():
 def test_namespaces_session_and_caps_flags_present_and_no_seccomp():
     o = ops(bwrap_argv(policy()))
     for flag in ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-                 "--unshare-cgroup-try", "--die-with-parent", "--new-session"):
+                 "--unshare-cgroup-try", "--as-pid-1", "--die-with-parent", "--new-session"):
         assert (flag,) in o
     assert ("--cap-drop", "ALL") in o
     assert ("--chdir", WS) in o

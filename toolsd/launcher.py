@@ -48,8 +48,13 @@ CLEAN_EXIT_S = 2.0
 READY_TIMEOUT_S = 30.0
 # Tree kills at once, each in a worker thread of its own (a SIGTERM grace holds its thread).
 KILL_THREADS = 256
-# A spawn not answered within this time looks for shims stopped by the session's commands.
+# A spawn not answered within this time looks for commands stopped before their exec.
 SPAWN_STALL_S = 1.0
+# The launcher's shims, as `ps` names them (driver/launcher.py).
+SHIM_NAME = "toolsd-shim"
+# Sends of one spawn request whose shim the session's code killed before it ran the command
+# (a `kill -9 -1` racing the spawn): it never ran, so it is sent again.
+SPAWN_TRIES = 3
 _json_decode = msgspec.json.Decoder().decode
 # Runs the launcher from code compiled by the daemon and handed over on stdin: run as a script,
 # launcher.py would be compiled afresh by every session start (no .pyc for a script), a third
@@ -119,6 +124,7 @@ class Job:
         self._answered = trio.Event()  # started, error, or death
         self._error: str | None = None
         self._error_limit = False  # the error was a resource limit's
+        self._unstarted = False  # the error was its shim's death before running it
         self._abandoned = False  # the spawn call was cancelled: kill it when it starts
         self._started_at = 0.0
         # Our end of the shim's hold pipe (see driver/launcher.py): while it is open the shim
@@ -504,6 +510,7 @@ class Launcher:
         elif op == "error" and not job._answered.is_set():
             job._error = str(msg.get("message") or "the launcher could not start the command")
             job._error_limit = bool(msg.get("limit"))
+            job._unstarted = bool(msg.get("unstarted"))
             del self._jobs[job.job]
             job._answered.set()
         elif op == "exited" and not job._answered.is_set():
@@ -605,6 +612,18 @@ class Launcher:
         answer first, and wake the shim for its next job after."""
         if not argv:
             raise LauncherError("empty command: give at least the program to run")
+        fds = [stdin, stdout, stderr, *extra_fds]
+        tries = 1
+        while (job := await self._spawn_once(argv, cwd, env, fds, rlimits, want_pid, held,
+                                             last_try=tries == SPAWN_TRIES)) is None:
+            tries += 1
+        return job
+
+    async def _spawn_once(self, argv: list[str], cwd: str, env: dict[str, str],
+                          fds: list[int], rlimits: dict[str, tuple[int, int]] | None,
+                          want_pid: bool, held: bool, *, last_try: bool) -> Job | None:
+        """One spawn request; None if the sandbox's code killed the shim that took it before
+        it ran the command (and this is not the `last_try`): it may be sent again."""
         self._check_alive()
         job = Job(next(self._numbers), [str(a) for a in argv], want_pid, held)
         self._jobs[job.job] = job
@@ -612,19 +631,20 @@ class Launcher:
                "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()},
                "ack": want_pid}
         try:
-            await self._send(msg, [stdin, stdout, stderr, *extra_fds], spawn=True)
+            await self._send(msg, fds, spawn=True)
         except BaseException:
             del self._jobs[job.job]  # never sent: nothing will answer for it
             raise
         try:
-            with trio.move_on_after(SPAWN_STALL_S):
-                await job._answered.wait()
-            if not job._answered.is_set():
-                # A command may stop its shim (kill -STOP $PPID) before the shim says
-                # started, leaving the request unanswered and the launcher waiting on that
-                # shim for ever. Stopped shims are killed; the launcher reports the job.
-                await trio.to_thread.run_sync(self._kill_stopped_shims)
-                await job._answered.wait()
+            # A command may stop the shim that started it before that says `started`, or
+            # the reader before it takes the request: the launcher resumes its shims. Not
+            # a command between its fork and its exec, which its shim waits for.
+            while True:
+                with trio.move_on_after(SPAWN_STALL_S):
+                    await job._answered.wait()
+                if job._answered.is_set():
+                    break
+                await trio.to_thread.run_sync(self._resume_stopped_spawns)
         except BaseException:
             # Cancelled after the request went out: the command may start anyway, with nobody
             # left to stop it, so it is killed as soon as it does (see _dispatch); if it has
@@ -636,6 +656,8 @@ class Launcher:
             raise
         if job._error is not None or (job.shim_pid == -1 and not self.alive):
             job.let_go()  # nobody gets the job to let it go later
+        if job._unstarted and not last_try:
+            return None
         if job._error is not None:
             raise (LauncherLimit if job._error_limit else LauncherError)(job._error)
         if job.shim_pid == -1 and not self.alive:
@@ -643,20 +665,27 @@ class Launcher:
             raise LauncherDied(self._death or "the sandbox launcher died")
         return job
 
-    def _kill_stopped_shims(self) -> None:
+    def _resume_stopped_spawns(self) -> None:
+        """SIGCONT what the session's code stopped (kill -STOP -1) while a shim started it:
+        a child of a shim still bearing the shim's name has not reached its exec yet, and
+        the shim waits in posix_spawn for that exec. A command that runs has its own name,
+        and stays stopped if it was stopped."""
         try:
             shims = psutil.Process(self.host_pid).children()
         except psutil.Error:
             return
         for shim in shims:
             try:
-                if shim.status() == psutil.STATUS_STOPPED:
-                    log.warning("killing shim %s of the sandbox launcher %s: it was stopped "
-                                "(by a command of the session?) with a request waiting",
-                                shim.pid, self.host_pid)
-                    shim.kill()
+                children = shim.children()
             except psutil.Error:
-                pass
+                continue
+            for child in children:
+                try:
+                    if (child.status() == psutil.STATUS_STOPPED
+                            and child.name() == shim.name() == SHIM_NAME):
+                        child.resume()
+                except psutil.Error:
+                    pass
 
     async def ping(self) -> None:
         """Round trip to the launcher; LauncherDied if it is gone."""

@@ -138,7 +138,11 @@ def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
              "--unshare-cgroup-try"]
     if policy.network == "none":
         args.append("--unshare-net")
-    args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
+    # --as-pid-1: the launcher itself is pid 1 of the pid namespace, which the kernel spares
+    # every signal from inside that it does not handle (bwrap's own init would be a pid 1 of
+    # no use, with the launcher a killable pid 2). Its end ends every process in there.
+    args += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+             "--clearenv"]
     for key, value in policy.env.items():
         args += ["--setenv", key, value]
     args += ["--chdir", ws, "--"]

@@ -37,7 +37,8 @@ KILL_GRACE_S = 0.2
 # How long after the command's exit we wait for its shim to say the tree is empty before we go
 # looking for leftovers ourselves.
 LEFTOVER_CHECK_S = 0.05
-# A spawn that takes longer than this means the session's launcher was stopped from inside.
+# A spawn that takes longer than this means the session's launcher is stuck (sandboxed, pid 1
+# of its namespace, its code cannot stop it; unsandboxed it can).
 SPAWN_TIMEOUT_S = 10.0
 # After its tree is killed, how long a job's shim has to report the exit before it is killed
 # too (a shim stopped by its own command never would).
@@ -93,9 +94,9 @@ async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, 
                 argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd, stderr=write_fd,
                 rlimits=session.rlimits, extra_fds=extra_fds, want_pid=want_pid, held=held)
         if waited.cancelled_caught:
-            # The launcher answers in milliseconds; one that does not was stopped or
-            # killed by a command of the session (it is in the session's pid namespace).
-            # Nothing can be started or supervised there any more: end the sandbox.
+            # The launcher answers in milliseconds; one that does not is stuck (unsandboxed,
+            # a command of the session can stop it). Nothing can be started or supervised
+            # there any more: end the sandbox.
             await session.launcher.aclose()
             raise LauncherDied("the launcher did not answer")
     except LauncherDied:
@@ -304,8 +305,10 @@ async def end_tree(job, grace_s: float) -> tuple[int, int]:
         with trio.move_on_after(SHIM_REPORT_S):
             await job.exited.wait()
     if not job.exited.is_set():
-        # The shim does not report (stopped by the command: kill -STOP $PPID). Killed, it
-        # makes the launcher end what is left of the job and report it.
+        # The shim does not report (stopped by the command, kill -STOP $PPID, and not
+        # resumed: the launcher resumes its shims, unless it is stopped itself, which only
+        # an unsandboxed session can do). Killed, it makes the launcher end what is left of
+        # the job and report it.
         with job.holding_tree() as shim_pid:
             if shim_pid is not None:
                 try:

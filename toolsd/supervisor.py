@@ -65,8 +65,8 @@ def probe_bwrap() -> tuple[str | None, str]:
         return None, "bubblewrap (bwrap) is not installed; apt-get install bubblewrap"
     argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-            "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--", "/bin/true"]
+            "--unshare-uts", "--as-pid-1", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--", "/bin/true"]
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
