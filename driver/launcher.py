@@ -52,7 +52,8 @@ gets no signal from inside that it does not handle, and it handles only SIGCHLD.
 shims ignore every signal that can be ignored; the commands get the defaults back. A shim
 stopped by SIGSTOP is resumed by the launcher (waitpid reports the stop to its parent); a shim
 killed with SIGKILL is replaced, and the job it ran ends (see Launcher.reap). The names in
-`ps` are toolsd-init and toolsd-shim, not the interpreter's.
+`ps` (and the command line's first word) are toolsd-init and toolsd-shim, not the
+interpreter's, so that `pkill -9 -f python` passes them by.
 """
 
 # Modules are chosen for the launcher's start time, which every session.open waits for: the
@@ -105,7 +106,7 @@ DEFAULT_SIGNALS = IGNORED_SIGNALS
 # Names of the machinery in `ps`, and none that `pkill python` or `killall python` matches:
 # shorter than the 15 characters at which killall goes by the command line instead.
 LAUNCHER_NAME = b"toolsd-init"
-SHIM_NAME = b"toolsd-shim"
+SHIM_NAME = b"toolsd-shim"  # as long as LAUNCHER_NAME: see COMMAND_LINE
 PR_SET_NAME = 15
 # Readers dying in a row with a request waiting, without taking a job (killed from inside the
 # sandbox as soon as they are forked), before the launcher fails the request instead of forking
@@ -171,6 +172,37 @@ def prctl(option, value):
 def set_name(name):
     """Our name in /proc/PID/comm, which ps, pgrep and killall show and match."""
     _prctl(PR_SET_NAME, name, Long(0), Long(0), Long(0))
+
+
+_memmove = libc_function("memmove")  # returns a pointer, which we do not use
+
+
+def set_command_line_name(name):
+    """`name` in place of argv[0], the interpreter's path, in the command line that `ps` and
+    `pkill -f` read, the rest kept (driver/launcher.py and the fds). The kernel reads it from
+    the bytes of argv in our own memory, which we may rewrite (setproctitle does so). Best
+    effort: left as it is if anything looks unusual."""
+    stat, cmdline = read_self("stat", 4096), read_self("cmdline", 1 << 16)
+    if stat is None or cmdline is None:
+        return
+    try:
+        # Fields 48 and 49 of stat: where argv's bytes start and end.
+        fields = stat[stat.rindex(b")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])
+    except (ValueError, IndexError):
+        return
+    new = name + cmdline[cmdline.find(b"\0"):]
+    if end - start != len(cmdline) or not cmdline.endswith(b"\0") or len(new) > len(cmdline):
+        return
+    new = new.ljust(len(cmdline), b"\0")
+    _memmove(Long(start), new, Long(len(new)))
+    global COMMAND_LINE
+    COMMAND_LINE = start
+
+
+# Where our argv[0] starts in memory, once set_command_line_name has put the launcher's name
+# there: a shim puts its own there, of the same length.
+COMMAND_LINE = None
 
 
 def dup_above(fd, floor):
@@ -349,11 +381,11 @@ class StartError(Exception):
 RLIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
-def read_self(name):
+def read_self(name, size=64):
     try:
         fd = os.open("/proc/self/" + name, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return os.read(fd, 64)
+            return os.read(fd, size)
         finally:
             os.close(fd)
     except OSError:
@@ -798,6 +830,8 @@ class Launcher:
                 # pages (0.5 ms) of the memory it shares with us.
                 _signal.signal(SIGCHLD, _signal.SIG_DFL)
                 set_name(SHIM_NAME)
+                if COMMAND_LINE is not None:
+                    _memmove(Long(COMMAND_LINE), SHIM_NAME, Long(len(SHIM_NAME)))
                 os.close(self.wake_r)
                 os.close(self.wake_w)
                 parent_end.close()
@@ -1104,6 +1138,7 @@ def main():
     for sig in IGNORED_SIGNALS:
         _signal.signal(sig, _signal.SIG_IGN)
     set_name(LAUNCHER_NAME)
+    set_command_line_name(LAUNCHER_NAME)
     try:
         Launcher(host, spawn).serve()
     except Tampered as e:

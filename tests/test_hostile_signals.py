@@ -13,6 +13,7 @@ import pytest
 
 from conftest import RunningDaemon, module_daemon, needs_bwrap, short_tempdir, wait_for, wait_gone
 from toolsd.client import ToolsdError
+from toolsd.launcher import LAUNCHER_PY
 
 pytestmark = needs_bwrap
 
@@ -105,19 +106,28 @@ def background_reported(client, bg_id: str, *expected: str) -> None:
     assert out["status"] == "exited" and out["signal"] in expected, out
 
 
-HAVE_KILLALL = shutil.which("killall") is not None
-
 # (command run by shell.run; does it reach the REPL (None: it may or may not); what may
 # become of a `sleep` in the background; does the REPL's next call time out rather than find
 # it dead). A loop that kills every pid kills its own shim early on, and the machinery then
 # ends what that shim ran, the loop included, which may or may not have got further.
+# The shims' command line names toolsd's folder, which may itself contain "python": then
+# pkill -9 -f python kills them, and with them what they ran.
+SHIMS_MATCH_PYTHON = "python" in LAUNCHER_PY
+NEEDS_KILLALL = pytest.mark.skipif(shutil.which("killall") is None, reason="killall (psmisc) "
+                                   "is not installed; apt-get install psmisc")
 KILLERS = [
     pytest.param("pkill -f python", True, ("running",), False, id="pkill-f-python"),
     pytest.param("pkill python", True, ("running",), False, id="pkill-python"),
     # killall matches the exact name: python3 (the REPL) is another.
     pytest.param("killall python", False, ("running",), False, id="killall-python",
-                 marks=pytest.mark.skipif(not HAVE_KILLALL, reason="killall (psmisc) is not "
-                                          "installed; apt-get install psmisc")),
+                 marks=NEEDS_KILLALL),
+    # (Its own bash matches -f python too: it ends there, as asked.)
+    pytest.param("pkill -9 -f python", True,
+                 ("running", "SIGKILL") if SHIMS_MATCH_PYTHON else ("running",), False,
+                 id="pkill-9-f-python"),
+    pytest.param("pkill -9 python", True, ("running",), False, id="pkill-9-python"),
+    pytest.param("killall -9 python", False, ("running",), False, id="killall-9-python",
+                 marks=NEEDS_KILLALL),
     pytest.param("kill -9 -1", True, ("SIGKILL",), False, id="kill-9-all"),
     pytest.param("kill -STOP -1", True, ("running",), True, id="stop-all"),
     pytest.param("for p in $(seq 1 400); do kill -9 $p; done", None, ("SIGKILL", "running"),
