@@ -455,10 +455,18 @@ class Launcher:
 
     async def _watch_launcher(self) -> None:
         # Unsandboxed, shims outlive a killed launcher and keep our socket open: its pidfd,
-        # not EOF, is what says it is gone.
-        await trio.lowlevel.wait_readable(self._launcher_fd)
-        self._mark_dead("the sandbox launcher exited (killed from inside the sandbox?); close "
-                        "the session and open a new one")
+        # not EOF, is what says it is gone. Its wrapper's too: once bwrap is gone its launcher
+        # is being killed (--die-with-parent), and as pid 1 of the sandbox that launcher
+        # exits only after every other process in it.
+        async with trio.open_nursery() as nursery:
+            async def wait_exit(fd: int) -> None:
+                await trio.lowlevel.wait_readable(fd)
+                nursery.cancel_scope.cancel()
+
+            for fd in {self._launcher_fd, self._wrapper_fd}:
+                nursery.start_soon(wait_exit, fd)
+        self._mark_dead("the sandbox launcher exited (killed from the host or by the kernel, "
+                        "or unsandboxed by a command?); close the session and open a new one")
 
     async def _read_loop(self) -> None:
         while True:
