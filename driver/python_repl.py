@@ -35,6 +35,14 @@ Behaviour the host relies on:
   flushes and exits.
 - End of file on fd 3 ends the driver at once (os._exit: threads the user left running must
   not keep it alive).
+- An indented cell is dedented before it runs (models send them); one whose first line is
+  not indented is left as it is.
+- Top-level `await`: a cell that awaits runs, the whole of it, as a task on the
+  interpreter's one asyncio loop, which is the current event loop. Tasks it creates stay on
+  that loop and run whenever a later cell awaits; between calls the loop is idle, so they
+  do not run then. A cell without `await` runs as plain Python, with no loop running
+  (asyncio.run() works there). An interrupt during an await cancels the cell's task, not
+  the others.
 """
 
 import ast
@@ -237,6 +245,7 @@ class _Driver:
     def run(self, seq, source):
         """Run one request; returns its status."""
         filename = f"<repl-{seq}>"
+        source = _dedent(source)
         lines = source.splitlines(keepends=True)
         # mtime None: linecache.checkcache never drops it, so tracebacks show the source.
         linecache.cache[filename] = (len(source), None, lines, filename)
@@ -248,8 +257,7 @@ class _Driver:
                 codes = _compile(source, filename)
                 interrupts.armed = True
                 interrupts.deliver(None)  # asked for before it began
-                for code in codes:
-                    self._run_code(code)
+                self._run_cell(codes)
             finally:
                 interrupts.armed = False
         except KeyboardInterrupt as exc:
@@ -270,14 +278,47 @@ class _Driver:
         self._flush()
         return status
 
-    def _run_code(self, code):
-        result = eval(code, self.namespace)
-        if code.co_flags & _CO_COROUTINE:
-            if self._loop is None:
-                import asyncio
+    def _run_cell(self, codes):
+        if any(code.co_flags & _CO_COROUTINE for code in codes):
+            self._run_awaiting(codes)
+        else:
+            for code in codes:
+                eval(code, self.namespace)
 
-                self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(result)
+    def _run_awaiting(self, codes):
+        """A cell with top-level await: all of it as one task on the interpreter's loop, so
+        that tasks it creates before its await run during it (and during later awaits)."""
+        loop = self._event_loop()
+        task = loop.create_task(self._cell(codes))
+        try:
+            loop.run_until_complete(task)
+        except BaseException:
+            if not task.done():
+                # Interrupted while the loop waited: the cell's code must not go on in a
+                # later cell's await. One pass of the loop delivers the cancellation; the
+                # other tasks stay.
+                task.cancel()
+                loop.call_soon(loop.stop)
+                loop.run_forever()
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved, so asyncio does not log it again later
+            raise
+
+    async def _cell(self, codes):
+        for code in codes:
+            result = eval(code, self.namespace)
+            if code.co_flags & _CO_COROUTINE:
+                await result
+
+    def _event_loop(self):
+        import asyncio
+
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        # Current, so that asyncio.get_event_loop() in a cell without await finds it (an
+        # asyncio.run() meanwhile sets the current loop to None when it ends).
+        asyncio.set_event_loop(self._loop)
+        return self._loop
 
     def _leave_if_forked(self, code):
         """A child forked by user code must never read commands or write sentinels."""
@@ -312,6 +353,16 @@ class _Driver:
         self._out.write(self._sentinel_head + b"%d:%s\n" % (seq, _STATUS[status]))
 
 
+def _dedent(source):
+    """An indented cell, dedented (models send them); one whose first line is not indented,
+    as it is."""
+    if source.lstrip("\r\n")[:1] not in (" ", "\t"):
+        return source
+    import textwrap
+
+    return textwrap.dedent(source)
+
+
 def _compile(source, filename):
     """Code objects for one request: the body, then a last expression in "single" mode."""
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
@@ -338,8 +389,12 @@ def _format_user_exception(exc):
         seen.add(id(item))
         frames = [f for f in item.stack if f.filename != _DRIVER_FILE]
         first_user = next(
-            (i for i, f in enumerate(frames) if f.filename.startswith("<repl-")), 0
+            (i for i, f in enumerate(frames) if f.filename.startswith("<repl-")), None
         )
+        if first_user is None:
+            # No frame of the user's. An interrupt that came while the asyncio loop waited
+            # has only the loop's frames: none of them helps the user.
+            first_user = len(frames) if item.exc_type is KeyboardInterrupt else 0
         item.stack = traceback.StackSummary.from_list(frames[first_user:])
         pending += [item.__cause__, item.__context__, *(item.exceptions or ())]
     return te.format()

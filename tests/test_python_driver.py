@@ -56,6 +56,7 @@ class DriverProcess:
         self.commands.write(self.uuid.encode() + b"\n")
         self.scanner = SentinelScanner(self.uuid)
         self.seq = 0
+        self.status = None  # the last sentinel's whole status (with "images", if any)
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.proc.stdout, selectors.EVENT_READ)
 
@@ -74,6 +75,7 @@ class DriverProcess:
             out.append(data)
             if sentinel is not None:
                 assert sentinel.seq == self.seq
+                self.status = sentinel.status
                 return sentinel.status["status"], b"".join(out)
             if not self.selector.select(STUCK_S):
                 raise AssertionError(f"driver sent nothing for {STUCK_S}s; output so far {out!r}")
@@ -85,6 +87,7 @@ class DriverProcess:
             out.append(data)
             if sentinel is not None:
                 assert sentinel.seq == self.seq
+                self.status = sentinel.status
                 return sentinel.status["status"], b"".join(out)
 
     def exec(self, code: str) -> tuple[str | None, bytes]:
@@ -464,3 +467,57 @@ def test_request_that_is_not_json_string_is_an_error_and_stays_in_sync(repl):
     assert status == "error"
     assert b"is not a JSON string" in out
     assert repl.exec("3") == ("ok", b"3\n")
+
+
+# ------------------------------------------------------------------ friendliness
+
+
+def test_an_indented_cell_is_dedented(repl):
+    assert repl.exec("    x = 1\n    if x:\n        print('ran', x)\n") == ("ok", b"ran 1\n")
+    assert repl.exec("\n\n\tx + 1") == ("ok", b"2\n")
+
+
+def test_a_cell_whose_first_line_is_not_indented_is_left_as_it_is(repl):
+    status, out = repl.exec("y = 1\n    z = 2")
+    assert status == "error" and b"IndentationError: unexpected indent" in out
+    assert repl.exec("'y' in globals()") == ("ok", b"False\n")
+
+
+def test_an_asyncio_task_keeps_running_during_later_awaits(repl):
+    repl.exec("import asyncio\nseen = []\nq = asyncio.Queue()\n"
+              "async def worker():\n    while True:\n        seen.append(await q.get())")
+    # Created before the cell's await: the whole cell is one task on the loop.
+    assert repl.exec("task = asyncio.create_task(worker())\nawait asyncio.sleep(0)") == \
+        ("ok", b"")
+    # Between calls the loop is idle: a cell without await runs no task.
+    assert repl.exec("q.put_nowait(1)\nseen") == ("ok", b"[]\n")
+    assert repl.exec("await asyncio.sleep(0)\nseen") == ("ok", b"[1]\n")
+    assert repl.exec("q.put_nowait(2)\nawait asyncio.sleep(0)\n(seen, task.done())") == \
+        ("ok", b"([1, 2], False)\n")
+
+
+def test_asyncio_run_still_works_in_a_cell_without_await(repl):
+    repl.exec("import asyncio\nawait asyncio.sleep(0)")
+    assert repl.exec("asyncio.run(asyncio.sleep(0, 'ran'))") == ("ok", b"'ran'\n")
+    assert repl.exec("await asyncio.sleep(0, 'again')") == ("ok", b"'again'\n")
+
+
+def test_an_interrupt_during_a_top_level_await_stops_that_cell_only(repl):
+    repl.exec("import asyncio\nkept = 1\nq = asyncio.Queue()\n"
+              "async def waiter():\n    return await q.get()")
+    repl.exec("other = asyncio.create_task(waiter())\nawait asyncio.sleep(0)")
+    repl.send("async def ticker():\n    while True:\n        print('tick', flush=True)\n"
+              "        await asyncio.sleep(0.01)\nawait ticker()")
+    repl.wait_for_output(b"tick\n")
+    repl.interrupt()
+    status, out = repl.read_reply()
+    assert status == "interrupted"
+    assert out.decode().endswith("KeyboardInterrupt\n")
+    assert "asyncio" not in out.decode().split("Traceback")[-1]  # no frames of the loop's
+    # The interrupted cell's task is gone; the task of an earlier cell is not.
+    tasks = ("await asyncio.sleep(0)\n"
+             "sorted(t.get_coro().__name__ for t in asyncio.all_tasks() "
+             "if t is not asyncio.current_task())")
+    assert repl.exec(tasks) == ("ok", b"['waiter']\n")
+    assert repl.exec("q.put_nowait(kept)\nawait other") == ("ok", b"1\n")
+
