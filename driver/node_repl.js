@@ -10,8 +10,15 @@
 //
 // Behaviour:
 // - The completion value of the code is shown with util.inspect (undefined is not). A Promise
-//   completion value is awaited and its result shown. Top-level `await` in the source is not
-//   supported (vm.Script has no module-level await; wrap the code in an async function).
+//   completion value is awaited and its result shown.
+// - Top-level `await`: a script with it is rewritten as node's own REPL does
+//   (internal/repl/await, hence `node --expose-internals`): its body runs in an async
+//   function, its top-level declarations hoisted to the context's scope so that later
+//   requests see them (`const` becomes `let` there), its last expression's value returned
+//   and shown. Code that compiles as a script runs unchanged. Without that module (another
+//   node, no flag), top-level await stays a SyntaxError.
+// - import() works in the code, with node's own ESM loader (packages of the workspace's
+//   node_modules included; bare names are resolved from the current folder).
 // - An exception: status "error", its stack (driver frames removed) ends the output.
 // - Interrupts: the host writes N as a line on fd 4 (and sends SIGURG, which node ignores).
 //   If request N is running, or has been read and not yet begun, its script is broken
@@ -23,6 +30,7 @@
 // - Errors thrown later by timers or unhandled rejections are printed, not fatal.
 // - `let`/`const` at top level live in the context's script scope: declaring the same name
 //   again in a later request is a SyntaxError, as in any script; use `var` or assignment.
+//   So are top-level declarations of a script with top-level await (hoisted as `let`).
 
 const fs = require('fs');
 const path = require('path');
@@ -153,6 +161,56 @@ function makeContext() {
   const context = vm.createContext(sandbox, { name: 'toolsd repl' });
   vm.runInContext('globalThis.global = globalThis;', context);
   return context;
+}
+
+// --- Compiling a request.
+
+// import() in the user's scripts: node's own loader (the main context's), which resolves bare
+// names from the current folder, as node's REPL does. Node 20.12 and later; before, import()
+// throws ERR_VM_DYNAMIC_IMPORT_CALLBACK_MISSING as it always did.
+const SCRIPT_OPTIONS = vm.constants && vm.constants.USE_MAIN_CONTEXT_DEFAULT_LOADER
+  ? { importModuleDynamically: vm.constants.USE_MAIN_CONTEXT_DEFAULT_LOADER }
+  : {};
+
+// Node warns once that this loader is experimental: a warning about the driver's machinery,
+// not about the user's code, so it is not shown. Every other warning is.
+const emitWarning = process.emitWarning;
+process.emitWarning = function (warning, ...rest) {
+  const text = typeof warning === 'string' ? warning : String(warning && warning.message);
+  if (text.includes('USE_MAIN_CONTEXT_DEFAULT_LOADER')) return undefined;
+  return emitWarning.call(this, warning, ...rest);
+};
+
+let topLevelAwait; // node's REPL transform, loaded on the first script that needs it
+
+function rewriteTopLevelAwait(source) {
+  if (topLevelAwait === undefined) {
+    try {
+      topLevelAwait = require('internal/repl/await').processTopLevelAwait;
+    } catch {
+      topLevelAwait = null; // node without --expose-internals, or without the module
+    }
+  }
+  if (topLevelAwait === null || !source.includes('await')) return null;
+  try {
+    // The newline ends a line comment on the last line before the wrapper's closing brace.
+    return topLevelAwait(source + '\n');
+  } catch {
+    return null; // not valid as an async function's body either
+  }
+}
+
+// A request's script, and whether it was rewritten for top-level await (its promise then
+// resolves to { value } or undefined). Code that compiles as it is runs as it is.
+function compileRequest(source, seq) {
+  const options = { filename: `<repl-${seq}>`, displayErrors: true, ...SCRIPT_OPTIONS };
+  try {
+    return { script: new vm.Script(source, options), awaits: false };
+  } catch (err) {
+    const rewritten = err instanceof SyntaxError ? rewriteTopLevelAwait(source) : null;
+    if (rewritten === null) throw err;
+    return { script: new vm.Script(rewritten, options), awaits: true };
+  }
 }
 
 // --- Errors.
@@ -334,7 +392,7 @@ function settle() {
 async function runRequest(context, seq, source) {
   let value;
   try {
-    const script = new vm.Script(source, { filename: `<repl-${seq}>`, displayErrors: true });
+    const { script, awaits } = compileRequest(source, seq);
     value = runScript(context, seq, script);
     if (util.types.isPromise(value)) {
       value = await awaitOrInterrupt(value, seq);
@@ -343,6 +401,7 @@ async function runRequest(context, seq, source) {
         report('Interrupted while awaiting a promise (it may still be running).\n');
         return 'interrupted';
       }
+      if (awaits) value = value === undefined ? undefined : value.value;
     }
     context._ = value;
     await settle();

@@ -13,6 +13,7 @@ try:
 except ImportError:  # tests/ became a package
     from tests.test_python_driver import DriverProcess
 
+from toolsd.repl import interpreter_argv
 from toolsd.sentinel import format_sentinel
 
 DRIVER = Path(__file__).resolve().parent.parent / "driver" / "node_repl.js"
@@ -25,7 +26,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def repl():
-    driver = DriverProcess([NODE, str(DRIVER)])
+    # As the daemon starts it (its flags), with this checkout's driver.
+    argv = interpreter_argv({"node": NODE}, "node")
+    driver = DriverProcess([*argv[:-1], str(DRIVER)])
     try:
         yield driver
     finally:
@@ -194,3 +197,39 @@ def test_an_interrupt_abandons_a_pending_promise(repl):
     status, out = repl.read_reply()
     assert status == "interrupted"
     assert repl.exec("'next'") == ("ok", b"'next'\n")
+
+
+# ------------------------------------------------------------------ top-level await
+
+
+def test_top_level_await_of_a_promise_and_of_an_import(repl):
+    assert repl.exec("await new Promise(r => setTimeout(r, 10))") == ("ok", b"")
+    assert repl.exec("const path = await import('node:path'); path.join('a', 'b')") == \
+        ("ok", b"'a/b'\n")
+    assert repl.exec("await new Promise(r => setTimeout(() => r(6), 1)) * 7") == ("ok", b"42\n")
+
+
+def test_declarations_of_an_awaiting_request_persist(repl):
+    assert repl.exec("const n = await 20\nlet m = 2\nfunction twice(x) { return 2 * x }\n"
+                     "class K { get v() { return n + m } }") == ("ok", b"")
+    assert repl.exec("twice(new K().v)") == ("ok", b"44\n")
+    # A script without await keeps plain script semantics.
+    assert repl.exec("const plain = 1; plain + n") == ("ok", b"21\n")
+
+
+def test_errors_in_an_awaiting_request_are_reported(repl):
+    status, out = repl.exec("await Promise.reject(new Error('boom'))")
+    assert status == "error" and out.startswith(b"Error: boom\n")
+    status, out = repl.exec("await (")
+    assert status == "error" and b"SyntaxError" in out
+    assert repl.exec("'next'") == ("ok", b"'next'\n")
+
+
+def test_an_interrupt_during_a_top_level_await_keeps_the_state(repl):
+    repl.exec("var kept = 1")
+    repl.send("console.log('waiting'); await new Promise(() => {})")
+    repl.wait_for_output(b"waiting\n")
+    repl.interrupt()
+    status, out = repl.read_reply()
+    assert status == "interrupted"
+    assert repl.exec("kept") == ("ok", b"1\n")

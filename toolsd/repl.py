@@ -151,7 +151,9 @@ def interpreter_argv(info: dict, language: str) -> list[str]:
             raise ToolsdError(BAD_PARAMS, "language 'node' is not available: there is no node "
                               "on this session's PATH; install Node.js or use language "
                               "'python'")
-        return [node, DRIVERS["node"]]
+        # --expose-internals: node's own REPL transform for top-level await
+        # (internal/repl/await), which the driver uses (see its header).
+        return [node, "--expose-internals", DRIVERS["node"]]
     raise ToolsdError(BAD_PARAMS, f"unknown language {language!r}; use 'python' or 'node'")
 
 
