@@ -43,6 +43,11 @@ Behaviour the host relies on:
   do not run then. A cell without `await` runs as plain Python, with no loop running
   (asyncio.run() works there). An interrupt during an await cancels the cell's task, not
   the others.
+- Pictures (driver/python_figures.py): with a folder as argv[1] (the host gives the
+  session's scratch), matplotlib figures shown or left open, and a last expression that is
+  an image, are saved there as PNG files and listed in the sentinel's status as "images".
+  Matplotlib is never imported by the driver: an import hook sets the backend when the
+  user's code imports it (unless MPLBACKEND says otherwise).
 """
 
 import ast
@@ -68,8 +73,13 @@ WAKE_SIGNAL = signal.SIGURG
 MARKER_PREFIX = b"\x1eTOOLSD-"
 _CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect at startup
 _DRIVER_FILE = os.path.abspath(__file__)
+_FIGURES_FILE = os.path.join(os.path.dirname(_DRIVER_FILE), "python_figures.py")
+_FIGURES_MODULE = "_toolsd_figures"  # python_figures.MODULE_NAME, without loading it
 _ERRORS = "toolsd.surrogates"
 _STATUS = {s: json.dumps({"status": s}).encode() for s in ("ok", "error", "interrupted")}
+# The host reads a sentinel's status up to 4096 bytes (toolsd/sentinel.py): a longer one would
+# not end the request.
+_MAX_STATUS_BYTES = 4000
 
 
 def _encode_surrogates(exc):
@@ -213,7 +223,7 @@ class _Interrupts:
 
 
 class _Driver:
-    def __init__(self, uuid, out_fd):
+    def __init__(self, uuid, out_fd, figures_folder=None):
         self._sentinel_head = MARKER_PREFIX + uuid + b":"
         # A private copy of fd 1: user code that closes or redirects fd 1 cannot lose the
         # sentinel (and with it every later answer).
@@ -223,6 +233,8 @@ class _Driver:
         self._loop = None  # asyncio loop for top-level await, made on first use
         self._libc_fflush = _find_fflush()
         self.namespace = {}
+        self._figures_folder = figures_folder
+        self._figures = None  # python_figures.Figures, once loaded
 
     def setup(self):
         codecs.register_error(_ERRORS, _encode_surrogates)
@@ -241,9 +253,12 @@ class _Driver:
             sys.path[0] = ""
         self._interrupts.install()
         os.register_at_fork(after_in_child=_forget_command_pipe)
+        if self._figures_folder:
+            sys.displayhook = self._displayhook
+            sys.meta_path.insert(0, _MatplotlibHook(self._matplotlib_imported))
 
     def run(self, seq, source):
-        """Run one request; returns its status."""
+        """Run one request; returns its status and the pictures it made (or None)."""
         filename = f"<repl-{seq}>"
         source = _dedent(source)
         lines = source.splitlines(keepends=True)
@@ -273,17 +288,23 @@ class _Driver:
             self._report(exc)  # a forked child reports its error as `python -c` would
             self._leave_if_forked(1)
         self._leave_if_forked(0)
+        images = self._take_figures()
         interrupts.reclaim()
         self._restore_stdin()
         self._flush()
-        return status
+        return status, images
 
     def _run_cell(self, codes):
-        if any(code.co_flags & _CO_COROUTINE for code in codes):
-            self._run_awaiting(codes)
-        else:
-            for code in codes:
-                eval(code, self.namespace)
+        try:
+            if any(code.co_flags & _CO_COROUTINE for code in codes):
+                self._run_awaiting(codes)
+            else:
+                for code in codes:
+                    eval(code, self.namespace)
+        except Exception:
+            self._show_figures()  # what the code drew before it failed
+            raise
+        self._show_figures()
 
     def _run_awaiting(self, codes):
         """A cell with top-level await: all of it as one task on the interpreter's loop, so
@@ -320,6 +341,55 @@ class _Driver:
         asyncio.set_event_loop(self._loop)
         return self._loop
 
+    # ------------------------------------------------------------ figures
+
+    def _load_figures(self):
+        """driver/python_figures.py, loaded on first need."""
+        if self._figures is None:
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location(_FIGURES_MODULE, _FIGURES_FILE)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[_FIGURES_MODULE] = module  # matplotlib imports it as its backend
+            self._figures = module.configure(self._figures_folder, self._note)
+        return self._figures
+
+    def _matplotlib_imported(self, matplotlib):
+        if os.environ.get("MPLBACKEND"):
+            return  # the user's choice
+        self._load_figures()
+        matplotlib.rcParams["backend"] = "module://" + _FIGURES_MODULE
+
+    def _displayhook(self, value):
+        sys.__displayhook__(value)
+        if value is not None and _may_be_picture(value):
+            self._load_figures().add_value(value)
+
+    def _show_figures(self):
+        if os.getpid() != self._pid:
+            return  # a forked child: its copies of the figures are the parent's to show
+        if self._figures is not None and "matplotlib.pyplot" in sys.modules:
+            try:
+                self._figures.show_open()
+            except Exception as exc:
+                self._note(f"the open figures could not be saved: {type(exc).__name__}: {exc}")
+
+    def _take_figures(self):
+        if self._figures is None:
+            return None
+        try:
+            self._figures.close_open()  # left by an interrupt or exit(): not kept for later
+        except Exception:
+            pass
+        return self._figures.take()
+
+    def _note(self, text):
+        try:
+            sys.stderr.write(f"[toolsd: {text}]\n")
+        except Exception:
+            pass
+
     def _leave_if_forked(self, code):
         """A child forked by user code must never read commands or write sentinels."""
         if os.getpid() != self._pid:
@@ -349,8 +419,87 @@ class _Driver:
         if self._libc_fflush is not None:
             self._libc_fflush(None)  # printf output of C extensions
 
-    def write_sentinel(self, seq, status):
-        self._out.write(self._sentinel_head + b"%d:%s\n" % (seq, _STATUS[status]))
+    def write_sentinel(self, seq, status, images=None):
+        body = _STATUS[status]
+        if images:
+            body, left_out = _status_with_images(status, images)
+            if left_out:
+                self._note(f"{left_out} picture(s) left out of the answer: the list was too long")
+                self._flush()
+        self._out.write(self._sentinel_head + b"%d:%s\n" % (seq, body))
+
+
+class _MatplotlibHook:
+    """A meta path finder that sees matplotlib's first import and then calls `imported(it)`
+    (which sets toolsd's figure backend). The driver itself never imports matplotlib: a call
+    that does not plot pays nothing for figures, and an interpreter without matplotlib
+    works as before."""
+
+    def __init__(self, imported):
+        self._imported = imported
+        self._finding = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib" or self._finding:
+            return None
+        self._finding = True
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None) if finder is not self else None
+                spec = find(name, path, target) if find is not None else None
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._finding = False
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenCall(spec.loader, self._imported)
+        return spec
+
+
+class _ThenCall:
+    """A module's own loader, and then `after(module)` once the module has run."""
+
+    def __init__(self, loader, after):
+        self._loader = loader
+        self._after = after
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self._after(module)
+        except Exception:
+            pass  # no figures then; the user's import still works
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+def _may_be_picture(value):
+    """Whether a displayed value may be a picture, without importing anything."""
+    kind = type(value)
+    module = getattr(kind, "__module__", None)
+    if isinstance(module, str) and module.startswith(("PIL.", "matplotlib.")):
+        return True
+    try:
+        return callable(getattr(kind, "_repr_png_", None))
+    except Exception:
+        return False
+
+
+def _status_with_images(status, images):
+    """The sentinel's JSON with `images`, as many as fit the host's bound on a sentinel;
+    and how many did not fit."""
+    kept = list(images)
+    while True:
+        body = json.dumps({"status": status, "images": kept}).encode()
+        if len(body) <= _MAX_STATUS_BYTES or not kept:
+            return body, len(images) - len(kept)
+        kept.pop()
 
 
 def _dedent(source):
@@ -450,7 +599,7 @@ def main():
     uuid = next(lines, b"").strip()
     if not uuid:
         os._exit(0)
-    driver = _Driver(uuid, out_fd)
+    driver = _Driver(uuid, out_fd, sys.argv[1] if len(sys.argv) > 1 else None)
     driver.setup()
     seq = 0
     for line in lines:
@@ -461,10 +610,10 @@ def main():
                 raise ValueError("not a string")
         except ValueError as exc:
             sys.stderr.write(f"toolsd driver: request {seq} is not a JSON string ({exc}).\n")
-            status = "error"
+            status, images = "error", None
         else:
-            status = driver.run(seq, source)
-        driver.write_sentinel(seq, status)
+            status, images = driver.run(seq, source)
+        driver.write_sentinel(seq, status, images)
     driver._flush()
     os._exit(0)
 

@@ -521,3 +521,97 @@ def test_an_interrupt_during_a_top_level_await_stops_that_cell_only(repl):
     assert repl.exec(tasks) == ("ok", b"['waiter']\n")
     assert repl.exec("q.put_nowait(kept)\nawait other") == ("ok", b"1\n")
 
+
+# ------------------------------------------------------------------ pictures
+
+HAVE_MATPLOTLIB = subprocess.run([sys.executable, "-c", "import matplotlib"],
+                                 capture_output=True).returncode == 0
+needs_matplotlib = pytest.mark.skipif(
+    not HAVE_MATPLOTLIB, reason="matplotlib is not installed (the test extra has it)")
+SWATCH = """
+import struct, zlib
+def _chunk(kind, data):
+    return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+class Swatch:
+    def __init__(self, w=1, h=1): self.w, self.h = w, h
+    def _repr_png_(self):
+        rows = b''.join(b'\\x00' + b'\\x00' * self.w for _ in range(self.h))
+        return (b'\\x89PNG\\r\\n\\x1a\\n'
+                + _chunk(b'IHDR', struct.pack('>IIBBBBB', self.w, self.h, 8, 0, 0, 0, 0))
+                + _chunk(b'IDAT', zlib.compress(rows)) + _chunk(b'IEND', b''))
+"""
+
+
+@pytest.fixture
+def figures_repl(tmp_path):
+    folder = tmp_path / "figures"
+    env_dir = tmp_path / "mpl"
+    driver = DriverProcess([sys.executable, str(DRIVER), str(folder)])
+    driver.folder = folder
+    driver.exec(f"import os\nos.environ['MPLCONFIGDIR'] = {str(env_dir)!r}\ndel os")
+    try:
+        yield driver
+    finally:
+        driver.close()
+
+
+def test_a_planted_symlink_at_the_figures_folder_is_never_written_through(figures_repl,
+                                                                          tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    figures_repl.folder.symlink_to(elsewhere)
+    figures_repl.exec(SWATCH)
+    status, out = figures_repl.exec("Swatch(2, 2)")
+    assert status == "ok"
+    assert "images" not in figures_repl.status
+    assert b"must be a folder, not a symlink" in out
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_folder_keeps_the_newest_pictures_only(figures_repl):
+    from driver.python_figures import MAX_FILES
+
+    figures_repl.exec(SWATCH)
+    paths = []
+    for _ in range(MAX_FILES + 5):
+        assert figures_repl.exec("Swatch()")[0] == "ok"
+        [image] = figures_repl.status["images"]
+        paths.append(image["path"])
+    kept = sorted(str(p) for p in figures_repl.folder.iterdir())
+    assert kept == sorted(paths[-MAX_FILES:])
+
+
+@needs_matplotlib
+def test_at_most_so_many_pictures_a_call_and_a_note_for_the_rest(figures_repl):
+    from driver.python_figures import MAX_PER_CALL
+
+    status, out = figures_repl.exec(
+        "import matplotlib.pyplot as plt\n"
+        f"for i in range({MAX_PER_CALL + 2}):\n"
+        "    plt.figure(figsize=(0.5, 0.5)); plt.show()")
+    assert status == "ok", out
+    assert len(figures_repl.status["images"]) == MAX_PER_CALL
+    assert b"2 more picture(s) of this call were not saved" in out
+    assert figures_repl.exec("plt.get_fignums()") == ("ok", b"[]\n")
+
+
+@needs_matplotlib
+def test_an_interrupted_call_leaves_no_figure_for_the_next(figures_repl):
+    figures_repl.send("import matplotlib.pyplot as plt\nplt.plot([1, 2])\n"
+                      "print('drawn', flush=True)\nwhile True: pass")
+    figures_repl.wait_for_output(b"drawn\n")
+    figures_repl.interrupt()
+    assert figures_repl.read_reply()[0] == "interrupted"
+    assert figures_repl.exec("plt.get_fignums()") == ("ok", b"[]\n")
+    assert "images" not in figures_repl.status
+
+
+@needs_matplotlib
+def test_the_users_own_backend_is_kept(tmp_path):
+    driver = DriverProcess([sys.executable, str(DRIVER), str(tmp_path / "figures")])
+    try:
+        driver.exec(f"import os\nos.environ['MPLCONFIGDIR'] = {str(tmp_path)!r}\n"
+                    "os.environ['MPLBACKEND'] = 'svg'")
+        assert driver.exec("import matplotlib\nmatplotlib.get_backend()") == ("ok", b"'svg'\n")
+    finally:
+        driver.close()

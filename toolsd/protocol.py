@@ -16,7 +16,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd")
+FEATURES = ("spill", "cwd", "figures")
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"
@@ -197,6 +197,15 @@ class ReplExecParams(Struct):
     stream: bool = False  # 1.1 "stream", not built (UNBUILT)
 
 
+class ReplImage(Struct, frozen=True):
+    """A picture a repl.exec made (1.1 "figures"): a file in the session's scratch."""
+
+    path: str  # as the session sees it: image.read reads it
+    media_type: str
+    width: int
+    height: int
+
+
 class ReplExecResult(Struct, omit_defaults=True):
     status: Literal["ok", "error", "timeout", "crashed"]
     output: str
@@ -205,6 +214,7 @@ class ReplExecResult(Struct, omit_defaults=True):
     fresh: bool
     state_lost: bool
     duration_s: float
+    images: list[ReplImage]  # 1.1 "figures": always there, often empty
     output_file: str | None = None  # with `spill`, when the output was cut
     # Processes the call started that were ended because it timed out or was cancelled (or,
     # when the interpreter had to be killed, the other processes of its tree).

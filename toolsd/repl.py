@@ -35,6 +35,8 @@ Behaviour a caller sees:
   printing later) is kept and comes at the start of the next request's output, the last
   LATE_BYTES of it at most.
 - A notice line for timeout and crash ends the output (within max_output_chars).
+- `images` (1.1 "figures"): the pictures the driver listed with the request's sentinel,
+  saved in FIGURES_FOLDER of the session's scratch (driver/python_figures.py).
 
 How a request runs: with a task of its own (`Repl.execute`) when it must wait for the REPL or
 start its interpreter; without one (`start_detached`, answers.Detached) when the REPL is
@@ -56,6 +58,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import posixpath
 import signal
 import sys
 import time
@@ -67,7 +70,8 @@ import trio
 from . import proctree, threads
 from .launcher import KILL_THREADS
 from .output import HeadTail, Ring
-from .protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
+from .protocol import (BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ReplImage,
+                       ToolsdError)
 from .sentinel import Sentinel, SentinelScanner
 from .session import DRIVER_DIR
 from .shell import KILL_GRACE_S, end_tree, pump, signal_name, spawn_with_pipe
@@ -94,6 +98,9 @@ DRIVERS = {
     "python": os.path.join(DRIVER_DIR, "python_repl.py"),
     "node": os.path.join(DRIVER_DIR, "node_repl.js"),
 }
+# In the session's scratch: where the Python driver saves the pictures of its calls (1.1
+# "figures"; driver/python_figures.py bounds their number and size).
+FIGURES_FOLDER = "toolsd-figures"
 
 
 async def execute(session, p: ReplExecParams) -> ReplExecResult:
@@ -103,8 +110,10 @@ async def execute(session, p: ReplExecParams) -> ReplExecResult:
     repl = turn.repls.get(p.language)
     if repl is None:
         argv = interpreter_argv(session.launcher.info, p.language)
-        if p.language == "python" and session.launcher.info.get("python3"):
-            argv[0] = await python_executable(session, argv[0])
+        if p.language == "python":
+            argv.append(posixpath.join(session.spills.visible, FIGURES_FOLDER))
+            if session.launcher.info.get("python3"):
+                argv[0] = await python_executable(session, argv[0])
         repl = turn.repls.get(p.language)  # another call may have made it meanwhile
         if repl is None:
             repl = turn.repls[p.language] = Repl(p.language, argv, turn.id, session.spills)
@@ -403,6 +412,7 @@ class _Run:
             fresh=self.fresh,
             state_lost=state_lost,
             duration_s=round(time.monotonic() - self.started, 6),
+            images=_images(self.interp.sentinel),
             output_file=self.spill.finish(truncated) if self.spill is not None else None,
             processes_ended=processes_ended,
         )
@@ -700,6 +710,18 @@ def _ended_note(count: int, whose: str) -> str:
     if count == 1:
         return f"; 1 process {whose} was ended"
     return f"; {count} processes {whose} were ended"
+
+
+def _images(sentinel: Sentinel | None) -> list[ReplImage]:
+    """The pictures the driver listed with the request's sentinel (1.1 "figures"). Code in
+    the sandbox could forge a sentinel: a list of any other shape is dropped, not passed on."""
+    listed = sentinel.status.get("images") if sentinel is not None else None
+    if not listed:
+        return []
+    try:
+        return msgspec.convert(listed, list[ReplImage])
+    except msgspec.ValidationError:
+        return []
 
 
 def _render(out: HeadTail, notice: str) -> tuple[str, bool]:

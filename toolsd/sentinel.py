@@ -19,10 +19,11 @@ import msgspec
 MARKER_PREFIX = b"\x1eTOOLSD-"
 
 # After "<prefix><uuid>:" comes "<seq>:<json object>\n". The drivers write
-# {"status": "..."} with ASCII-only JSON, so a real tail is short and never holds \x1e or \n;
-# bounding it lets a forged marker followed by megabytes without a newline be released as
-# output instead of being held back forever.
-_MAX_TAIL = 256
+# {"status": "...", "images": [...]} with ASCII-only JSON, a few KiB at most (the Python
+# driver keeps it within 4000 bytes), so a real tail never holds \x1e or \n; bounding it lets a
+# forged marker followed by megabytes without a newline be released as output instead of
+# being held back forever.
+_MAX_TAIL = 4096
 _FULL_TAIL = re.compile(rb"(\d{1,18}):(\{[^\n\x1e]*\})\n")
 _PARTIAL_TAIL = re.compile(rb"\d{0,18}\Z|\d{1,18}:\Z|\d{1,18}:\{[^\n\x1e]*\Z")
 
