@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -96,6 +97,42 @@ def bench_repl() -> None:
     pc_median, _ = stats(python_c_round_trips(SLOW_ROUND_TRIPS))
     report("python3 -c per call, median", ms(pc_median),
            anchor=f"toolsd {us(median)}", ratio=pc_median / median)
+    bench_repl_start()
+
+
+FRESH_TURNS = 15
+
+
+def bench_repl_start() -> None:
+    """The first repl.exec of a turn: the driver's start, in the sandbox, and its first
+    answer; next to the bare interpreter starting on the host."""
+    node = shutil.which("node")
+    with running_daemon() as (sock, root, _proc):
+        workspace = os.path.join(root, "ws")
+        os.makedirs(workspace)
+        with Client(sock) as c:
+            session = c.session_open(workspace)["session"]
+            for language, anchor_argv in (("python", [PYTHON, "-c", "pass"]),
+                                          ("node", [node, "-e", "0"])):
+                if language == "node" and node is None:
+                    report("first repl.exec of a turn, node", "no node here")
+                    continue
+                firsts = []
+                for _ in range(FRESH_TURNS):
+                    turn = c.turn_begin(session)["turn"]
+                    t = time.perf_counter()
+                    r = c.repl_exec(session, turn, "x = 1", language=language)
+                    firsts.append(time.perf_counter() - t)
+                    assert r["fresh"] and r["status"] == "ok", r
+                    c.turn_end(session, turn)
+                bare = timed(lambda: subprocess.run(anchor_argv, check=True), FRESH_TURNS,
+                             warmup=2)
+                first, bare_median = stats(firsts)[0], stats(bare)[0]
+                report(f"first repl.exec of a turn, {language}, median", ms(first),
+                       anchor=f"{os.path.basename(anchor_argv[0])} {anchor_argv[1]} "
+                              f"{anchor_argv[2]} {ms(bare_median)}",
+                       ratio=first / bare_median)
+            c.session_close(session)
 
 
 @contextlib.contextmanager
