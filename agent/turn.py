@@ -45,7 +45,7 @@ from agent.history import (
     ToolResult,
     UserMessage,
 )
-from agent.models.base import ContextOverflow, Model, ModelReply
+from agent.models.base import ContextOverflow, Model, ModelError, ModelReply
 from agent.tools import TOOLS
 from toolsd.client import AsyncClient
 
@@ -294,6 +294,8 @@ class _Loop:
                 raise
             if isinstance(e, DoesNotFit):
                 turn.end(Outcome.FAILED, f"context: {e}; the conversation is kept as it was")
+            elif isinstance(e, ModelError):
+                turn.end(Outcome.FAILED, str(e))  # one line for a person: what to check
             else:
                 turn.end(Outcome.FAILED, f"{type(e).__name__}: {e}")
             if not isinstance(e, Exception):
