@@ -1,0 +1,72 @@
+"""What `toolsd agent` shows of a turn, line by line (agent/screen.py: pure)."""
+
+from __future__ import annotations
+
+from agent.screen import (
+    ASCII,
+    UNICODE,
+    approval_question,
+    call_line,
+    glyphs_for,
+    outcome_line,
+    read_answer,
+    result_line,
+    spinner_line,
+)
+
+
+def call(name, **arguments):
+    return {"type": "tool_call", "name": name, "arguments": arguments, "error": None}
+
+
+def test_a_call_is_one_line_with_the_gist_of_its_arguments():
+    assert call_line(call("run_terminal", command="pytest -q\necho done"), 80) == \
+        "● run_terminal: pytest -q (+1 line)"
+    assert call_line(call("repl", code="import json\nx = 1\nx", language="node"), 80) == \
+        "● repl: [node] import json (+2 lines)"
+    assert call_line(call("process_output", id="bg2", until="ready"), 80) == \
+        "● process_output: bg2  until=ready"
+    assert call_line(call("read_image", path="plot.png"), 80) == "● read_image: plot.png"
+    assert call_line({"type": "tool_call", "name": "repl", "arguments": {}, "error": "bad json"},
+                     80) == "● repl: (its arguments could not be read)"
+    long = call_line(call("run_terminal", command="x" * 500), 60)
+    assert len(long) == 60 and long.endswith("…")
+
+
+def test_a_result_keeps_its_first_line_and_its_notes_within_the_width():
+    text = "line one\n" + "\n".join(f"line {i}" for i in range(2, 50)) + \
+        "\n[exit code 2]\n[now in src/]"
+    line = result_line({"type": "tool_result", "text": text, "is_error": False}, 80)
+    assert line == "  ⎿ line one (+48 lines)  [exit code 2] [now in src/]"
+    wide = "A" * 300 + "\n[exit code 0]"
+    clipped = result_line({"type": "tool_result", "text": wide, "is_error": False}, 50)
+    assert len(clipped) <= 50 and clipped.endswith("…  [exit code 0]")
+    error = result_line({"type": "tool_result", "text": "The user declined this call.",
+                         "is_error": True}, 80)
+    assert error == "  ✗ The user declined this call."
+    assert result_line({"type": "tool_result", "text": "(no output)\n[exit code 0]",
+                        "is_error": False}, 80) == "  ⎿ (no output)  [exit code 0]"
+
+
+def test_the_outcome_line_says_how_and_in_how_many_steps():
+    assert outcome_line("completed", 3, 2) == "[completed] 3 steps, 2 tool calls"
+    assert outcome_line("interrupted", 1, 1, "cancelled") == \
+        "[interrupted] 1 step, 1 tool call: cancelled"
+    assert outcome_line("failed", 1, 0, "cannot connect") == \
+        "[failed] 1 step, 0 tool calls: cannot connect"
+
+
+def test_answers_and_the_question():
+    assert [read_answer(a) for a in ("y", " Yes\n", "n", "NO", "a", "always", "", "maybe")] == \
+        [True, True, False, False, "always", "always", None, None]
+    assert approval_question("run_terminal", {"command": "ls"}, 80).endswith(
+        "Run it? [y]es / [n]o / [a]lways for run_terminal: ")
+    # A command longer than the call's line is shown whole before it is approved.
+    code = "import os\nos.remove('a')\nos.remove('b')"
+    assert "    os.remove('b')\n" in approval_question("repl", {"code": code}, 80)
+
+
+def test_glyphs_fall_back_to_ascii_and_the_spinner_counts_time():
+    assert glyphs_for("UTF-8") is UNICODE and glyphs_for("ascii") is ASCII
+    assert spinner_line("run_terminal", 3.25, 0, 80) == "  ⠋ run_terminal 3.2s"
+    assert spinner_line("repl", 0.0, 1, 80, ASCII) == "  / repl 0.0s"
