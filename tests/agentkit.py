@@ -1,5 +1,7 @@
 """What the agent tests share: a module's daemon, a fresh workspace and conversation store per
-test, and Agents on a scripted model that are closed at the test's end, leaving no process."""
+test, and Agents on a scripted model that are closed at the test's end, leaving no process;
+for `toolsd agent` and `toolsd mcp` run as commands, a `place` (workspace, HOME, state and
+environment of a test's own) and the processes a command left."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 from agent.models.scripted import ScriptedModel
 from agent.turn import Agent, AgentConfig
-from conftest import module_daemon as shared_daemon, wait_gone
+from conftest import has_ended, module_daemon as shared_daemon, short_tempdir, wait_gone
 
 
 class Kit:
@@ -78,3 +80,50 @@ def texts(request) -> list[str]:
         elif isinstance(m, Summary):
             out.append(m.text)
     return out
+
+
+# ------------------------------------------------ `toolsd agent` and `toolsd mcp` as commands
+
+
+class Place:
+    """A workspace, a HOME and a conversation store of the test's own; `env` for the command
+    (no key, no daemon socket from the environment: `none.sock` answers nothing)."""
+
+    def __init__(self) -> None:
+        self.root = short_tempdir()
+        self.workspace = os.path.join(self.root, "ws")
+        os.makedirs(self.workspace)
+        os.makedirs(os.path.join(self.root, "home"))
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("TOOLSD_SOCKET", "XDG_RUNTIME_DIR", "OPENAI_API_KEY",
+                                 "ANTHROPIC_API_KEY")}
+        # TMPDIR: a daemon started for a run lives in a folder there, which a killed run
+        # cannot remove (its processes end all the same).
+        self.env.update(HOME=os.path.join(self.root, "home"), TERM="xterm",
+                        XDG_STATE_HOME=os.path.join(self.root, "state"),
+                        TOOLSD_SOCKET=os.path.join(self.root, "none.sock"), TMPDIR=self.root)
+
+
+@pytest.fixture
+def place():
+    p = Place()
+    yield p
+    shutil.rmtree(p.root, ignore_errors=True)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def running(procs: list[psutil.Process], text: str) -> list[psutil.Process]:
+    found = []
+    for p in procs:
+        try:
+            if not has_ended(p) and text in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found

@@ -197,3 +197,5 @@ from . import cli_processes as _cli_processes  # noqa: E402
 _extra_commands.append(_cli_processes.add_parser)
 from . import cli_repl as _cli_repl  # noqa: E402
 _extra_commands.append(_cli_repl.add_parser)
+from agent import cli as _agent_cli  # noqa: E402
+_extra_commands.append(_agent_cli.add_parser)

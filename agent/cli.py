@@ -1,0 +1,415 @@
+"""`toolsd agent`: a coding agent at a terminal, on a model endpoint and a toolsd session.
+
+    toolsd agent --model NAME [--base-url URL] [--api openai|anthropic] [--api-key-env NAME]
+                 [--workspace DIR] [--mode plan|ask|auto] [--max-steps N] [--continue]
+                 [--json] [PROMPT ...]
+
+With a PROMPT: one turn, then exit with its outcome (0 completed, 1 failed, 3
+budget_exhausted, 130 interrupted). Without: one turn per line read (with a prompt on a
+terminal) until the end of input (Ctrl-D); the exit status is the last turn's.
+
+What a person sees: the model's text on stdout as it streams; on stderr each tool call as one
+line and its result (shortened) when it comes, a spinner with the elapsed time while a tool
+runs (on a terminal only), the questions of ask mode (y / n / always for this tool), and each
+turn's outcome line. `--json` prints instead every event of the turn (the lines of its
+events.jsonl, agent/conversation.py) as JSON lines on stdout; questions stay on stderr.
+
+Ctrl-C during a turn cancels it (it ends `interrupted`: its command is ended, its REPLs too);
+a second Ctrl-C, one at the prompt, SIGTERM or SIGHUP exits. At exit the session ends, and
+every background process with it. The daemon: agent/own_daemon.py.
+
+Only argparse is imported with this module (it is registered on every `toolsd` command line);
+the agent's modules are imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import enum
+import os
+import shutil
+import signal
+import sys
+
+EXIT_CODES = {"completed": 0, "failed": 1, "budget_exhausted": 3, "interrupted": 130}
+DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+SPINNER_TICK_S = 0.1
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
+def add_parser(sub, common) -> None:
+    p = sub.add_parser(
+        "agent", parents=[common],
+        help="a coding agent on a model endpoint, its tools in a sandboxed session",
+        description="Run a coding agent on an OpenAI-compatible or Anthropic endpoint; its "
+                    "commands run in a toolsd session on the workspace. With no PROMPT, one "
+                    "prompt per line (Ctrl-D ends). Ctrl-C cancels a turn, twice exits.")
+    p.add_argument("prompt", nargs="*", metavar="PROMPT",
+                   help="what to do (words are joined); none: read prompts, one per line")
+    p.add_argument("--model", required=True, help="the model's name at the endpoint")
+    p.add_argument("--base-url", metavar="URL",
+                   help="the API root, e.g. http://127.0.0.1:8080/v1 for a local server "
+                        "(default: OpenAI's, or Anthropic's with --api anthropic)")
+    p.add_argument("--api", choices=["openai", "anthropic"], default="openai",
+                   help="openai: chat completions (OpenAI, llama.cpp, vLLM, Ollama, gateways); "
+                        "anthropic: Messages (default: openai)")
+    p.add_argument("--api-key-env", metavar="NAME",
+                   help="the environment variable that holds the API key (default: "
+                        "OPENAI_API_KEY, or ANTHROPIC_API_KEY; a local server needs none)")
+    p.add_argument("--workspace", metavar="DIR",
+                   help="the folder the agent works in (default: the current one)")
+    p.add_argument("--mode", choices=["plan", "ask", "auto"], default="ask",
+                   help="plan: read-only; ask: approve each command and code run; auto: "
+                        "run everything (default: ask)")
+    p.add_argument("--max-steps", type=positive_int, default=20, metavar="N",
+                   help="model requests per turn, then a final report (default: 20)")
+    p.add_argument("--context-tokens", type=positive_int, metavar="N",
+                   help="the model's context window (default: known for hosted models, "
+                        "else 32768)")
+    p.add_argument("--continue", dest="resume", action="store_true",
+                   help="go on with this workspace's latest conversation")
+    p.add_argument("--json", action="store_true",
+                   help="print the turn's events as JSON lines instead of text")
+    p.set_defaults(func=cmd_agent)
+
+
+class UsageError(Exception):
+    pass
+
+
+def make_model(args):
+    """The model adapter the options ask for. Raises UsageError or ModelError (a bad URL)."""
+    from agent.models.anthropic import AnthropicModel
+    from agent.models.openai import OpenAIChatModel
+
+    variable = args.api_key_env or KEY_VARIABLES[args.api]
+    key = os.environ.get(variable) or None
+    if args.api_key_env and key is None:
+        raise UsageError(f"--api-key-env {variable}: that environment variable is not set; "
+                         f"export it, or name the one that holds the key")
+    kind = OpenAIChatModel if args.api == "openai" else AnthropicModel
+    return kind(args.model, args.base_url or DEFAULT_URLS[args.api], key,
+                context_tokens=args.context_tokens, key_hint=f"${variable}")
+
+
+def cmd_agent(args) -> int:
+    from agent.models.base import ModelError
+    from agent.own_daemon import DaemonFailed, toolsd_socket
+
+    def fail(message: str, code: int = 1) -> int:
+        print(f"toolsd agent: {message}", file=sys.stderr)
+        return code
+
+    try:
+        model = make_model(args)
+    except (UsageError, ModelError) as e:
+        return fail(str(e), 2)
+    workspace = os.path.abspath(args.workspace or os.getcwd())
+    if not os.path.isdir(workspace):
+        return fail(f"--workspace {workspace}: no such folder", 2)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a terminal that cannot show a character: `?`
+            stream.reconfigure(errors="replace")
+    try:
+        with toolsd_socket(getattr(args, "socket", None), say=lambda m: fail(m)) as socket:
+            import trio
+
+            return trio.run(Run(args, model, workspace, socket).main)
+    except DaemonFailed as e:
+        return fail(f"could not start a toolsd daemon: {e}")
+
+
+class Phase(enum.Enum):
+    """Where a run is, for what Ctrl-C does: during a turn it cancels the turn, otherwise
+    (and once the turn is cancelling) it exits."""
+
+    STARTING = "starting"
+    PROMPT = "prompt"
+    TURN = "turn"
+    CANCELLING = "cancelling"
+    EXITING = "exiting"
+
+
+_MOVES = {
+    Phase.STARTING: {Phase.PROMPT, Phase.EXITING},
+    Phase.PROMPT: {Phase.TURN, Phase.EXITING},
+    Phase.TURN: {Phase.PROMPT, Phase.CANCELLING, Phase.EXITING},
+    Phase.CANCELLING: {Phase.PROMPT, Phase.EXITING},
+    Phase.EXITING: set(),
+}
+
+
+class Run:
+    """One `toolsd agent` run: its Agent (opened in `main`, closed at its end, whatever
+    ends it), its terminal, and its phase."""
+
+    def __init__(self, args, model, workspace: str, socket: str):
+        self.args = args
+        self.model = model
+        self.workspace = workspace
+        self.socket = socket
+        self.phase = Phase.STARTING
+        self.agent = None
+        self.term: Terminal | None = None
+        self.exit_scope = None
+
+    def move(self, to: Phase) -> None:
+        # Exiting is final: a turn that ends just as the exit is asked is still leaving.
+        if to is self.phase or self.phase is Phase.EXITING:
+            return
+        assert to in _MOVES[self.phase], f"{self.phase} -> {to}"
+        self.phase = to
+
+    def interrupt(self, signum: int) -> None:
+        if signum == signal.SIGINT and self.phase is Phase.TURN:
+            self.move(Phase.CANCELLING)
+            self.agent.cancel()
+            self.term.say("^C: cancelling the turn (Ctrl-C again exits)")
+            return
+        self.leave()
+
+    def leave(self) -> None:
+        """Exit: cancel whatever runs (the Agent is closed on the way out)."""
+        if self.phase is not Phase.EXITING:
+            self.move(Phase.EXITING)
+            if self.exit_scope is not None:
+                self.exit_scope.cancel()
+
+    async def main(self) -> int:
+        import trio
+
+        from agent.conversation import ConversationBusy
+        from agent.linereader import LineReader
+        from agent.turn import Agent, AgentConfig
+        from toolsd.client import ToolsdError
+
+        args = self.args
+        code = EXIT_CODES["interrupted"]
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch, signals)
+                reader = LineReader(sys.stdin.fileno(), nursery)
+                self.term = term = Terminal(nursery, reader, json_mode=args.json,
+                                            on_gone=self.leave)
+                try:
+                    with trio.CancelScope() as self.exit_scope:
+                        try:
+                            self.agent = await Agent.open(
+                                self.workspace, self.model, mode=args.mode,
+                                approve=term.approve if args.mode == "ask" else None,
+                                config=AgentConfig(max_steps=args.max_steps),
+                                socket=self.socket, resume="latest" if args.resume else None,
+                                provider=args.api)
+                        except (ToolsdError, ConversationBusy, FileNotFoundError) as e:
+                            term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
+                            code = 1
+                        else:
+                            self.move(Phase.PROMPT)
+                            code = await self._turns(reader)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        if self.agent is not None:
+                            await self.agent.aclose()
+                nursery.cancel_scope.cancel()
+        return code
+
+    async def _watch(self, signals) -> None:
+        async for signum in signals:
+            self.interrupt(signum)
+
+    async def _turns(self, reader) -> int:
+        term, agent = self.term, self.agent
+        if agent.backend.sandbox == "none":
+            term.say("toolsd agent: WARNING: this machine cannot sandbox sessions (see `toolsd "
+                     "doctor`): the agent's commands run unsandboxed, as you")
+        interactive = not self.args.prompt
+        if interactive and sys.stdin.isatty():
+            term.say(f"toolsd agent: {self.args.model}, {self.args.mode} mode, in "
+                     f"{agent.backend.workspace} (conversation {agent.conversation.id}); "
+                     f"one prompt per line, Ctrl-D ends")
+        code = 0
+        while True:
+            if interactive:
+                prompt = await term.ask_prompt()
+                if prompt is None:
+                    return code
+                if not prompt.strip():
+                    continue
+            else:
+                prompt = " ".join(self.args.prompt)
+            self.move(Phase.TURN)
+            result = await agent.run_turn(prompt, on_text=term.text, on_event=term.event)
+            if self.phase is Phase.EXITING:
+                return EXIT_CODES["interrupted"]
+            self.move(Phase.PROMPT)
+            term.outcome(result)
+            code = EXIT_CODES.get(result.outcome, 1)
+            if not interactive:
+                return code
+
+
+class Terminal:
+    """What a run writes (see the module): the model's text to stdout, everything else to
+    stderr, or with `json_mode` the events as JSON lines to stdout. It owns the spinner (a
+    task in `nursery`, on a terminal only) and keeps the model's text and its own lines on
+    separate lines."""
+
+    def __init__(self, nursery, reader, *, json_mode: bool, on_gone, out=None, err=None):
+        import msgspec
+
+        from agent.screen import glyphs_for
+
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.nursery = nursery
+        self.reader = reader
+        self.json_mode = json_mode
+        self.live = self.err.isatty() and not json_mode
+        self.glyphs = glyphs_for(self.err.encoding)
+        self._encode = msgspec.json.Encoder().encode
+        self._text_open = False  # the model's text so far does not end with a newline
+        self._spinner = None  # the CancelScope of the running spinner
+        self.on_gone = on_gone  # called once if stdout or stderr is closed under us
+        self._gone = False
+
+    @staticmethod
+    def width() -> int:
+        return max(40, shutil.get_terminal_size((100, 24)).columns - 1)
+
+    # ------------------------------------------------------------ writing
+
+    def text(self, chunk: str) -> None:
+        from agent.screen import printable
+
+        if self.json_mode or not chunk:
+            return
+        self._stop_spinner()
+        self._write(self.out, printable(chunk))
+        self._text_open = not chunk.endswith("\n")
+
+    def _write(self, stream, text: str) -> None:
+        """Write and flush; a reader that went away (`| head`) ends the run."""
+        if self._gone:
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            self._gone = True
+            # Both to the null device, so that the exit's own flush is quiet too.
+            null = os.open(os.devnull, os.O_WRONLY)
+            for s in (self.out, self.err):
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(null, s.fileno())
+            os.close(null)
+            self.on_gone()
+
+    def _end_text(self) -> None:
+        if self._text_open:
+            self._write(self.out, "\n")
+            self._text_open = False
+
+    def say(self, line: str) -> None:
+        """A line on stderr, below whatever the model wrote, the spinner cleared."""
+        self._stop_spinner()
+        self._end_text()
+        self._write(self.err, line + "\n")
+
+    def event(self, event: dict) -> None:
+        from agent import screen
+
+        if self.json_mode:
+            self._write(self.out, self._encode(event).decode() + "\n")
+            return
+        kind, width, g = event["type"], self.width(), self.glyphs
+        if kind == "tool_call":
+            self.say(screen.call_line(event, width, g))
+            self._start_spinner(event["name"])
+        elif kind == "tool_result":
+            self.say(screen.result_line(event, width, g))
+        elif kind == "refused":
+            self.say("  (the model found the request too long: older messages are summarized "
+                     "and it is asked again)")
+        elif kind == "request" and event.get("kind") == "final_report":
+            self.say("  (the turn's step budget is spent: the model is asked for a report)")
+
+    def outcome(self, result) -> None:
+        from agent.screen import outcome_line
+
+        if not self.json_mode:
+            self.say(outcome_line(result.outcome, result.steps, result.tool_calls,
+                                  result.reason))
+
+    # ------------------------------------------------------------ reading
+
+    async def ask_prompt(self) -> str | None:
+        self._end_text()
+        if sys.stdin.isatty():
+            self._write(self.err, "> ")
+        return await self.reader.readline()
+
+    async def approve(self, call):
+        """Ask mode: y, n, or always for this tool. The end of input declines."""
+        from agent.screen import approval_question, read_answer
+
+        question = approval_question(call.name, call.arguments, self.width(), self.glyphs)
+        self._stop_spinner()
+        self._end_text()
+        while True:
+            self._write(self.err, question)
+            line = await self.reader.readline()
+            if line is None:
+                self.say("  (end of input: declined)")
+                return False
+            answer = read_answer(line)
+            if answer is not None:
+                break
+            self._write(self.err, "  Answer y, n or a.\n")
+        if answer:
+            self._start_spinner(call.name)
+        return answer
+
+    # ------------------------------------------------------------ the spinner
+
+    def _start_spinner(self, name: str) -> None:
+        import trio
+
+        if not self.live:
+            return
+        self._stop_spinner()
+        self._spinner = scope = trio.CancelScope()
+        self.nursery.start_soon(self._spin, name, scope)
+
+    def _stop_spinner(self) -> None:
+        if self._spinner is not None:
+            self._spinner.cancel()
+            self._spinner = None
+            self._write(self.err, "\r\x1b[K")
+
+    async def _spin(self, name: str, scope) -> None:
+        import itertools
+
+        import trio
+
+        from agent.screen import spinner_line
+
+        started = trio.current_time()
+        with scope:
+            for tick in itertools.count():
+                if scope.cancel_called:  # stopped before this task first ran
+                    return
+                line = spinner_line(name, trio.current_time() - started, tick, self.width(),
+                                    self.glyphs)
+                self._write(self.err, "\r" + line + "\x1b[K")
+                await trio.sleep(SPINNER_TICK_S)
