@@ -199,3 +199,5 @@ from . import cli_repl as _cli_repl  # noqa: E402
 _extra_commands.append(_cli_repl.add_parser)
 from agent import cli as _agent_cli  # noqa: E402
 _extra_commands.append(_agent_cli.add_parser)
+from agent import mcp_server as _mcp_server  # noqa: E402
+_extra_commands.append(_mcp_server.add_parser)

@@ -1,0 +1,332 @@
+"""`toolsd mcp` as a subprocess, driven by the MCP SDK's own client over stdio."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+import trio
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from PIL import Image
+
+import agentkit
+from agent.tools import TOOLS
+from agentkit import descendants, running
+from conftest import has_ended, needs_bwrap, wait_for, wait_gone
+
+pytestmark = needs_bwrap
+
+module_daemon = agentkit.module_daemon
+place = agentkit.place
+
+
+def server_argv(place, *args: str, socket: str | None = None) -> list[str]:
+    return ["-m", "toolsd", "mcp", "--workspace", place.workspace,
+            *(["--socket", socket] if socket else []), *args]
+
+
+@contextlib.asynccontextmanager
+async def connect(place, *args: str, socket: str | None = None, mode: str = "auto"):
+    """The SDK's client on `toolsd mcp`; the server's stderr goes to mcp.log."""
+    params = StdioServerParameters(command=sys.executable,
+                                   args=server_argv(place, *args, socket=socket),
+                                   env=place.env)
+    with open(os.path.join(place.root, "mcp.log"), "a") as log:
+        async with Client(stdio_client(params, errlog=log), mode=mode) as client:
+            yield client
+
+
+def servers() -> list[psutil.Process]:
+    """The `toolsd mcp` processes this test process started."""
+    return [p for p in psutil.Process().children()
+            if not has_ended(p) and "mcp" in p.cmdline() and "toolsd" in p.cmdline()]
+
+
+def texts(result) -> list[str]:
+    return [c.text for c in result.content if c.type == "text"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_the_six_tools_and_repl_reset_as_the_agent_has_them(place, module_daemon, mode):
+    async with connect(place, socket=module_daemon.socket, mode=mode) as client:
+        listed = (await client.list_tools()).tools
+    assert [t.name for t in listed] == [t.name for t in TOOLS] + ["repl_reset"]
+    for tool, spec in zip(listed, TOOLS):
+        assert tool.input_schema == spec.parameters and tool.description == spec.description
+        assert tool.annotations.read_only_hint is spec.read_only
+        assert tool.annotations.destructive_hint is (None if spec.read_only else True)
+        assert tool.annotations.open_world_hint is False
+    assert {t.name for t in listed if t.annotations.read_only_hint} == \
+        {"process_output", "read_image"}
+    assert listed[-1].input_schema == {"type": "object", "properties": {}}
+
+
+async def test_run_terminal_gives_the_agents_results(place, module_daemon):
+    os.makedirs(os.path.join(place.workspace, "sub"))
+    async with connect(place, socket=module_daemon.socket) as client:
+        long = await client.call_tool("run_terminal", {"command": "seq 1 5000"})
+        failed = await client.call_tool("run_terminal", {"command": "echo oops; exit 3"})
+        await client.call_tool("run_terminal", {"command": "cd sub"})
+        where = await client.call_tool("run_terminal", {"command": "pwd"})
+        wrong = await client.call_tool("run_terminal", {"comand": "ls"})
+        stranger = await client.call_tool("process_stop", {"id": "bg1"})
+    [text] = texts(long)
+    assert not long.is_error and len(text) <= 4000 and text.startswith("1\n2\n")
+    assert "[output cut: " in text and "the whole output is in /tmp/toolsd-output-" in text
+    assert texts(failed) == ["oops\n[exit code 3]"]
+    assert texts(where) == [f"{place.workspace}/sub\n[exit code 0]"]
+    assert wrong.is_error and texts(wrong) == [
+        "run_terminal: Object missing required field `command`"]
+    # Process ids are daemon-wide; this connection reaches only those it started.
+    assert stranger.is_error and texts(stranger) == [
+        "There is no background process 'bg1' of yours. Processes you started: none."]
+
+
+async def test_repl_state_lasts_until_repl_reset(place, module_daemon):
+    async with connect(place, socket=module_daemon.socket) as client:
+        await client.call_tool("repl", {"code": "x = 41"})
+        kept = await client.call_tool("repl", {"code": "x + 1"})
+        reset = await client.call_tool("repl_reset", {})
+        gone = await client.call_tool("repl", {"code": "x + 1"})
+    assert texts(kept) == ["42"]
+    assert texts(reset) == ["The REPL was reset (1 interpreter(s) ended): the next repl call "
+                            "starts fresh."]
+    [text] = texts(gone)
+    assert "NameError: name 'x' is not defined" in text and text.endswith("[error]")
+
+
+async def test_read_image_gives_image_content(place, module_daemon):
+    Image.new("RGB", (64, 48), "blue").save(os.path.join(place.workspace, "shot.png"))
+    async with connect(place, socket=module_daemon.socket) as client:
+        seen = await client.call_tool("read_image", {"path": "shot.png"})
+        missing = await client.call_tool("read_image", {"path": "nothing.png"})
+    text, image = seen.content
+    assert text.type == "text" and "PNG image, shown 64x48" in text.text
+    assert image.type == "image" and image.mime_type == "image/png"
+    with Image.open(io.BytesIO(base64.b64decode(image.data))) as picture:
+        assert picture.size == (64, 48)
+    assert missing.is_error and len(missing.content) == 1
+    assert texts(missing)[0].startswith("read_image: ")
+
+
+async def test_plan_mode_is_read_only(place, module_daemon):
+    async with connect(place, "--mode", "plan", socket=module_daemon.socket) as client:
+        early = await client.call_tool("run_terminal", {"command": "touch made"})
+        # No classifier sees this write (awk's own redirection): the OS refuses it.
+        late = await client.call_tool("run_terminal",
+                                      {"command": "awk 'BEGIN { print 1 > \"made\" }'"})
+    assert early.is_error and texts(early)[0].startswith("Plan mode is read-only")
+    assert "Read-only file system" in texts(late)[0]
+    assert not os.path.exists(os.path.join(place.workspace, "made"))
+
+
+async def test_closing_the_client_ends_the_session_and_the_server(place, module_daemon):
+    async with connect(place, socket=module_daemon.socket) as client:
+        await client.call_tool("process_start", {"command": "exec sleep 4545"})
+        await client.call_tool("repl", {"code": "x = 1"})
+        [server] = servers()
+        # Started: its shim may not have exec'ed the command yet.
+        wait_for(lambda: module_daemon.running("sleep 4545"))
+        assert module_daemon.running("driver/python")
+    assert wait_gone([server], timeout=30) == []
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert module_daemon.running("sleep 4545") == []
+    with open(os.path.join(place.root, "mcp.log")) as f:
+        assert "closed: 1 process(es) and 1 REPL(s) ended" in f.read()
+
+
+KILLED_CLIENT = textwrap.dedent("""
+    import sys, trio
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    async def main():
+        params = StdioServerParameters(command=sys.executable, args=sys.argv[1:])
+        async with Client(params) as client:
+            await client.call_tool("process_start", {"command": "exec sleep 4646"})
+            print("ready", flush=True)
+            await trio.sleep_forever()
+
+    trio.run(main)
+""")
+
+
+def test_a_killed_client_leaves_no_process(place):
+    """The client is SIGKILLed: `toolsd mcp` sees its stdin close, ends its session and the
+    daemon it started for the run (no daemon answers here)."""
+    client = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, *server_argv(place)],
+                              env=place.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert client.stdout.readline() == "ready\n", client.stderr.read()
+        wait_for(lambda: running(descendants(client.pid), "sleep 4646"))
+        tree = descendants(client.pid)
+        assert running(tree, "toolsd mcp") and running(tree, "toolsd serve")
+        client.send_signal(signal.SIGKILL)
+        client.wait()
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        client.stdout.close()
+        client.stderr.close()
+    assert wait_gone(tree, timeout=30) == [], "a killed client left processes behind"
+
+
+async def test_stdout_carries_only_the_protocol(place):
+    """Every byte the server writes on stdout is a JSON-RPC message, though its commands
+    write to /dev/stdout, /dev/tty and every descriptor they have, and it starts a daemon
+    of its own (whose first lines are not JSON)."""
+    wire = os.path.join(place.root, "wire.jsonl")
+    forge = ("echo FORGED; echo FORGED > /dev/stdout; echo FORGED > /dev/tty; "
+             "for f in /proc/self/fd/*; do echo FORGED > $f; done; true")
+    params = StdioServerParameters(
+        command="bash", args=["-c", f'"$0" "$@" | tee {wire}', sys.executable,
+                              *server_argv(place)], env=place.env)
+    with open(os.path.join(place.root, "mcp.log"), "a") as log:
+        async with Client(stdio_client(params, errlog=log)) as client:
+            ran = await client.call_tool("run_terminal", {"command": forge})
+            await client.call_tool("process_start", {"command": forge})
+            await client.call_tool("repl", {"code": "import os\nprint('FORGED')\n"
+                                                    "os.write(1, b'FORGED')"})
+    assert texts(ran)[0].startswith("FORGED\nFORGED\n")
+    with open(wire) as f:
+        lines = f.read().splitlines()
+    assert len(lines) >= 4
+    for line in lines:
+        assert json.loads(line)["jsonrpc"] == "2.0", line
+    with open(os.path.join(place.root, "mcp.log")) as f:
+        log_text = f.read()
+    assert "started one for this run only" in log_text and "listening on" not in "".join(lines)
+
+
+async def test_no_sdk_no_server_but_a_clear_error(place):
+    """Without the optional extra, `toolsd mcp` says how to get it (a stand-in `mcp` module
+    that fails to import plays the missing SDK)."""
+    fake = os.path.join(place.root, "fake")
+    os.makedirs(os.path.join(fake, "mcp"))
+    with open(os.path.join(fake, "mcp", "__init__.py"), "w") as f:
+        f.write("raise ImportError('no mcp here')\n")
+    done = await trio.run_process(
+        [sys.executable, *server_argv(place)], capture_stdout=True, capture_stderr=True,
+        check=False, env={**place.env, "PYTHONPATH": fake}, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and done.stdout == b""
+    assert b"the MCP SDK is not installed: pip install 'toolsd[mcp]'" in done.stderr
+
+
+# ---------------------------------------------------------------- the wire, by hand
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": {"name": "by-hand", "version": "1"}}}
+
+
+class Wire:
+    """`toolsd mcp` on pipes, one JSON-RPC line at a time."""
+
+    def __init__(self, place, socket: str | None = None):
+        self.proc = subprocess.Popen([sys.executable, *server_argv(place, socket=socket)],
+                                     env=place.env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE,
+                                     stderr=open(os.path.join(place.root, "mcp.log"), "ab"))
+        self._buffer = b""
+
+    def send(self, message) -> None:
+        line = message if isinstance(message, bytes) else json.dumps(message).encode()
+        self.proc.stdin.write(line + b"\n")
+        self.proc.stdin.flush()
+
+    def receive(self, timeout: float = 60) -> dict:
+        """The next line the server writes (a safety net against a hang, not a timing)."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            assert ready, f"no line from toolsd mcp within {timeout} s"
+            chunk = os.read(fd, 65536)
+            assert chunk, "toolsd mcp closed its stdout"
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    def start(self) -> None:
+        self.send(INITIALIZE)
+        assert self.receive()["result"]["serverInfo"]["name"] == "toolsd"
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def call(self, id: int, name: str, arguments: dict) -> dict:
+        self.send({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                   "params": {"name": name, "arguments": arguments}})
+        reply = self.receive()
+        assert reply["id"] == id, reply
+        return reply["result"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def wire(place, module_daemon):
+    w = Wire(place, socket=module_daemon.socket)
+    yield w
+    w.close()
+
+
+def test_bad_lines_are_answered_and_the_server_goes_on(wire, module_daemon):
+    wire.send(b"this is not json")  # the SDK answers nothing to a line it cannot parse
+    wire.send(b'{"jsonrpc": "2.0", "id": 7, "method": "no/such/method"}')
+    error = wire.receive()
+    assert error["id"] == 7 and error["error"]["code"] == -32601
+    wire.start()
+    result = wire.call(2, "run_terminal", {"command": "echo still here"})
+    assert result["content"] == [{"type": "text", "text": "still here\n[exit code 0]"}]
+    wire.proc.stdin.close()  # the end of input: the server closes its session and exits
+    assert wire.proc.wait(timeout=60) == 0
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+
+
+def test_sigterm_while_stdin_is_open_closes_the_session(wire, module_daemon):
+    wire.start()
+    wire.call(2, "process_start", {"command": "exec sleep 5050"})
+    wait_for(lambda: module_daemon.running("sleep 5050"))
+    wire.proc.send_signal(signal.SIGTERM)
+    assert wire.proc.wait(timeout=60) == 0
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert module_daemon.running("sleep 5050") == []
+
+
+async def test_a_cancelled_call_ends_its_command(place, module_daemon):
+    async with connect(place, socket=module_daemon.socket) as client:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.call_tool, "run_terminal", {"command": "sleep 5151"})
+            while not module_daemon.running("sleep 5151"):
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        with trio.fail_after(60):
+            while module_daemon.running("sleep 5151"):
+                await trio.sleep(0.05)
+        after = await client.call_tool("run_terminal", {"command": "echo next"})
+    assert texts(after) == ["next\n[exit code 0]"]
+
+
+async def test_a_workspace_that_is_not_there(place):
+    done = await trio.run_process(
+        [sys.executable, "-m", "toolsd", "mcp", "--workspace", place.workspace + "/nope"],
+        capture_stdout=True, capture_stderr=True, check=False, env=place.env,
+        stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and done.stdout == b""
+    assert f"--workspace {place.workspace}/nope: no such folder".encode() in done.stderr
