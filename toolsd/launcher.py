@@ -241,6 +241,22 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
+def _killed(pid: int) -> bool:
+    """Whether `pid` has a SIGKILL pending (or is gone): the kernel queues it at once, for
+    the thread (SigPnd) or the whole process (ShdPnd), however long the process then waits
+    for a CPU to act on it."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return True
+    for line in status.splitlines():
+        name, _, value = line.partition(b":")
+        if name in (b"SigPnd", b"ShdPnd") and int(value, 16) & (1 << (signal.SIGKILL - 1)):
+            return True
+    return False
+
+
 def _close_all(fds) -> None:
     for fd in fds:
         try:
@@ -575,8 +591,10 @@ class Launcher:
     def gone_now(self) -> bool:
         """Whether the launcher or its wrapper has exited or is exiting, asked now: `alive`
         changes only once the reader task has run. The pidfds say so once a process has
-        ended; a process killed a moment ago is still exiting, and has already let go of
-        its namespaces (while its pidfd says alive, its pid is still its own)."""
+        ended; a process killed a moment ago may not have run since (on a busy machine it
+        waits for a CPU), and then only its pending SIGKILL says so; one that has run since
+        is exiting, and has already let go of its namespaces (while its pidfd says alive,
+        its pid is still its own)."""
         fds = [fd for fd in (self._launcher_fd, self._wrapper_fd) if fd != -1]
         if not self.alive or not fds:
             return True
@@ -584,6 +602,8 @@ class Launcher:
         for fd in fds:
             poller.register(fd, select.POLLIN)
         if poller.poll(0):
+            return True
+        if _killed(self.host_pid) or _killed(self.wrapper_pid):
             return True
         try:
             os.readlink(f"/proc/{self.host_pid}/ns/mnt")
