@@ -214,10 +214,10 @@ def dup_above(fd, floor):
     return new
 
 
-def ioprio():
+def ioprio(pid=0):
     if SYS_IOPRIO_GET is None:
         return None
-    return _syscall(Long(SYS_IOPRIO_GET), Long(IOPRIO_WHO_PROCESS), Long(0))
+    return _syscall(Long(SYS_IOPRIO_GET), Long(IOPRIO_WHO_PROCESS), Long(pid))
 
 
 def to_json(obj):
@@ -381,9 +381,11 @@ class StartError(Exception):
 RLIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
-def read_self(name, size=64):
+def read_self(name, size=64, pid=0):
+    """/proc/self/NAME (of process `pid` when given), at most `size` bytes; None if not
+    readable."""
     try:
-        fd = os.open("/proc/self/" + name, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open("/proc/%s/%s" % (pid or "self", name), os.O_RDONLY | os.O_CLOEXEC)
         try:
             return os.read(fd, size)
         finally:
@@ -392,19 +394,29 @@ def read_self(name, size=64):
         return None
 
 
-def own_state():
+def own_state(pid=0):
     """What of a launcher or shim process a command can change from outside, being of the
     same uid (prlimit, renice, chrt, taskset, ionice, /proc/PID/oom_score_adj and
-    coredump_filter), and what a shim would hand on to every command it starts."""
+    coredump_filter), and what a shim would hand on to every command it starts. Of process
+    `pid` (a shim's command) when given; OSError if it is gone."""
     return {
-        "rlimits": {r: resource.getrlimit(r) for r in RLIMITS},
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        "policy": (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority),
-        "affinity": os.sched_getaffinity(0),
-        "ioprio": ioprio(),
-        "oom_score_adj": read_self("oom_score_adj"),
-        "coredump_filter": read_self("coredump_filter"),
+        "rlimits": {r: resource.prlimit(pid, r) for r in RLIMITS},
+        "nice": os.getpriority(os.PRIO_PROCESS, pid),
+        "policy": (os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority),
+        "affinity": os.sched_getaffinity(pid),
+        "ioprio": ioprio(pid),
+        "oom_score_adj": read_self("oom_score_adj", pid=pid),
+        "coredump_filter": read_self("coredump_filter", pid=pid),
     }
+
+
+def state_items(state):
+    """An own_state as (what, value) pairs, each resource limit a pair of its own."""
+    for key, value in state.items():
+        if key == "rlimits":
+            yield from (((key, r), limit) for r, limit in value.items())
+        else:
+            yield key, value
 
 
 # The launcher's state when it started, before any command of the session could touch it
@@ -432,6 +444,19 @@ class Limits:
         from the session's start (plus the limits we set): we retire rather than start a
         command with them."""
         return own_state() != self.expected
+
+    def handed_on(self, pid):
+        """Whether command `pid`, started by us, carries what changed in us (see tampered):
+        forked after the change. A change made after its fork, by the command itself as soon
+        as it runs say, is not in it, and is no reason to kill it."""
+        ours = own_state()
+        try:
+            theirs = dict(state_items(own_state(pid)))
+        except OSError:
+            return True  # unreadable: not known to be clean
+        expected = dict(state_items(self.expected))
+        return any(value != expected.get(key) and theirs.get(key) == value
+                   for key, value in state_items(ours))
 
     def fits(self, rlimits):
         return self.applied is None or self.applied == rlimits
@@ -630,9 +655,9 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
     # Reported first: the command may stop us as soon as it runs. Then, if something changed
     # us between take_job's check and the spawn, the command may have inherited it: it is
     # killed (too young to have started anything; its exit is reported as SIGKILL), and we
-    # retire after this job.
+    # retire after this job. Changed since its fork (by itself, say), it runs on.
     tainted = limits.tampered()
-    if tainted:
+    if tainted and limits.handed_on(pid):
         signal_pid(pid, SIGKILL)
     # The daemon reads our and the command's host pids from the pidfds, then writes to the
     # hold pipe; until then a quick command must stay an unreaped zombie or its pid would read

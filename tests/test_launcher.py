@@ -856,3 +856,73 @@ async def test_a_shim_stopped_before_it_reports_the_start_is_resumed_and_reports
     finally:
         await launcher.aclose()
         assert_gone(pids)
+
+
+async def test_a_command_that_changes_its_shim_once_it_runs_is_not_killed_for_it(
+        nursery, wrapper, tmp_path):
+    # A command may change its own shim (here its OOM score) as soon as it runs, and on a busy
+    # machine before the shim checks itself after the spawn: the change came after the
+    # command's fork and is not in it, so the command runs on. The changed shim retires.
+    script = start_command_wrapped(tmp_path, "changed_after_fork", """
+        def wrapped(req, *args):
+            pid = original(req, *args)
+            if req["argv"][-1] == "change-my-shim":
+                deadline = time.monotonic() + 20  # a bound: the command changes us at once
+                while (launcher.own_state() == launcher.REFERENCE
+                       and time.monotonic() < deadline):
+                    time.sleep(0.01)
+            return pid
+    """)
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=script)
+    pids = tree_pids(launcher)
+    try:
+        score = ["cat", "/proc/self/oom_score_adj"]
+        before = await run(launcher, score)
+        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            job, read_fd = await spawn_piped(
+                launcher, ["sh", "-c", 'echo 900 > /proc/$PPID/oom_score_adj; read line; '
+                                       'echo "$line"', "change-my-shim"], stdin=stdin_r)
+        finally:
+            os.close(stdin_r)
+        with os.fdopen(stdin_w, "wb") as stdin:
+            stdin.write(b"ran on\n")
+        with trio.fail_after(20):
+            assert await read_all(read_fd) == b"ran on\n"
+            assert await job.wait() == (0, None)
+            for _ in range(6):  # more than the shims there are
+                assert await run(launcher, score) == before
+        pids |= tree_pids(launcher)
+    finally:
+        await launcher.aclose()
+        assert_gone(pids)
+
+
+async def test_a_command_forked_from_a_changed_shim_is_killed(nursery, wrapper, tmp_path):
+    # Something else in the sandbox may change a shim between its check and the spawn: the
+    # command then carries the change, and is killed before it does anything.
+    script = start_command_wrapped(tmp_path, "changed_before_fork", """
+        def wrapped(req, *args):
+            if req["argv"][-1] == "changed-before-fork":
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("901")
+            return original(req, *args)
+    """)
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV, launcher_py=script)
+    pids = tree_pids(launcher)
+    try:
+        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            job, read_fd = await spawn_piped(
+                launcher, ["sh", "-c", 'read line; echo "$line"', "changed-before-fork"],
+                stdin=stdin_r)
+        finally:
+            os.close(stdin_r)
+        with trio.fail_after(20):  # without the kill it waits on its stdin for ever
+            assert await job.wait() == (None, signal.SIGKILL)
+        os.close(stdin_w)
+        assert await read_all(read_fd) == b""
+        pids |= tree_pids(launcher)
+    finally:
+        await launcher.aclose()
+        assert_gone(pids)
