@@ -216,6 +216,18 @@ def test_list_shows_running_tree_then_final_status(client, session):
     assert info["ended_at"] >= info["started_at"]
 
 
+def test_list_counts_no_descendant_that_has_ended(client, session):
+    # A child that exited and that nobody has waited for yet (a zombie) has ended: a stop
+    # leaves its tree so until the shim gets to reap it, and a parent may never wait at all.
+    code = "import os, time\nif os.fork() == 0:\n    os._exit(0)\ntime.sleep(1000)"
+    bg = client.process_start(session, f"exec {PY} -c {shlex.quote(code)}")
+    # Its parent never waits: once exited, the child stays a zombie.
+    wait_for_tree(bg["pid"], lambda t: [p for p in t if p.pid != bg["pid"] and ended(p)])
+    [info] = client.process_list(session)["processes"]
+    assert info["status"] == "running" and info["descendants"] == 0
+    client.process_stop(bg["id"])
+
+
 def test_process_outlives_the_turn_it_was_started_in(client, session):
     turn = client.turn_begin(session)["turn"]
     bg = client.process_start(session, "echo ready; sleep 1000")

@@ -260,9 +260,11 @@ class BackgroundProcess:
 
     def info(self, shim_pid: int | None) -> ProcessInfo:
         """What `process.list` shows. cpu_percent and rss_bytes are the sums over the whole
-        tree (a `bash -c` wrapper uses nothing; the server under it is what matters). Blocking:
+        tree (a `bash -c` wrapper uses nothing; the server under it is what matters);
+        descendants counts the processes of the tree but the command that have not ended (a
+        zombie has: only its parent's wait is pending, the shim's after a stop). Blocking:
         call it from a thread, inside `self.job.holding_tree()`, which gives shim_pid."""
-        cpu, rss, tree = 0.0, 0, []
+        cpu, rss, tree, descendants = 0.0, 0, [], 0
         if shim_pid is not None:
             tree = proctree.descendants(shim_pid)
         now = time.monotonic()
@@ -270,6 +272,10 @@ class BackgroundProcess:
         for proc in tree:
             try:
                 with proc.oneshot():
+                    if proc.status() == psutil.STATUS_ZOMBIE:
+                        continue
+                    if proc.pid != self.pid:
+                        descendants += 1
                     times = proc.cpu_times()
                     used = times.user + times.system
                     rss += proc.memory_info().rss
@@ -288,7 +294,7 @@ class BackgroundProcess:
             id=self.id, session=self.session.id, name=self.name, command=self.command,
             pid=self.pid, status=self.status, exit_code=self.job.exit_code,
             started_at=self.started_at, ended_at=self.ended_at, cpu_percent=round(cpu, 1),
-            rss_bytes=rss, descendants=max(0, len(tree) - (1 if self.running else 0)),
+            rss_bytes=rss, descendants=descendants,
             output_bytes=self.ring.end)
 
 
