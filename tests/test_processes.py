@@ -458,8 +458,11 @@ async def test_until_anchors_match_at_every_line(daemon, client, session):
                                        "sleep 1000")
     with trio.fail_after(60):  # without multi-line anchors each read waits its whole wait_s
         async with await daemon.async_client() as c:
-            out = await c.process_output(bg["id"], wait_s=600, until="^ready")
-            assert "ready on :3000\n" in out["output"]
+            # All of it first (it may come in pieces): each anchored read below then finds
+            # its match in the middle of the output, never at its start or end.
+            await c.process_output(bg["id"], wait_s=600, until=r"listening\n")
+            out = await c.process_output(bg["id"], since=0, wait_s=600, until="^ready")
+            assert out["output"] == "starting\nready on :3000\nlistening\n"
             out = await c.process_output(bg["id"], since=0, wait_s=600, until=r":\d+$")
             assert out["output"] == "starting\nready on :3000\nlistening\n"
     client.process_stop(bg["id"])
