@@ -458,14 +458,17 @@ async def test_the_launcher_is_pid_1_and_no_signal_from_inside_ends_it(nursery, 
 async def test_aclose_leaves_no_process_of_the_sandbox(nursery, wrapper):
     launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
     jobs = []
-    for argv in (["sleep", "1000"], ["bash", "-c", "sleep 1000 & sleep 1000"],
+    # Each says "ready" once its whole tree exists: a spawn returns as the command starts.
+    for argv in (["sh", "-c", "echo ready; exec sleep 1000"],
+                 ["bash", "-c", "sleep 1000 & echo ready; sleep 1000"],
                  [PY, "-c", "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
                             "    if os.fork() == 0:\n        time.sleep(1000)\n    os._exit(0)\n"
-                            "time.sleep(1000)"]):
+                            "os.wait()\nprint('ready', flush=True)\ntime.sleep(1000)"]):
         job, read_fd = await spawn_piped(launcher, argv)
-        os.close(read_fd)
+        async with trio.lowlevel.FdStream(read_fd) as stream:
+            assert await read_line(stream) == b"ready\n"
         jobs.append(job)
-    await launcher.ping()
+    await launcher.ping()  # answered once the launcher has replaced the shims jobs took
     pids = tree_pids(launcher) | {j.pid for j in jobs} | {j.shim_pid for j in jobs}
     assert len(pids) >= 9  # wrapper, launcher, spare, 3 shims, 3 commands, ...
     await launcher.aclose()
