@@ -455,6 +455,19 @@ async def test_the_launcher_is_pid_1_and_no_signal_from_inside_ends_it(nursery, 
         assert_gone(pids)
 
 
+async def test_a_launcher_found_gone_is_dead_for_every_call_at_once(launcher):
+    # session.list asks gone_now, which may see the death before the reader task does: the
+    # calls after it must meet that death too. No checkpoint between the kill and the
+    # checks, so the reader cannot have run; and the kill may not have been acted on yet.
+    sleeper, read_fd = await spawn_piped(launcher, ["sleep", "1000"])
+    os.close(read_fd)
+    os.kill(launcher.host_pid, signal.SIGKILL)
+    assert launcher.gone_now()
+    assert not launcher.alive and sleeper.lost
+    with pytest.raises(LauncherDied):
+        await launcher.spawn(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2)
+
+
 async def test_aclose_leaves_no_process_of_the_sandbox(nursery, wrapper):
     launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
     jobs = []

@@ -248,7 +248,7 @@ def _killed(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             status = f.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
     for line in status.splitlines():
         name, _, value = line.partition(b":")
@@ -589,14 +589,21 @@ class Launcher:
             event.set()
 
     def gone_now(self) -> bool:
-        """Whether the launcher or its wrapper has exited or is exiting, asked now: `alive`
-        changes only once the reader task has run. The pidfds say so once a process has
-        ended; a process killed a moment ago may not have run since (on a busy machine it
-        waits for a CPU), and then only its pending SIGKILL says so; one that has run since
-        is exiting, and has already let go of its namespaces (while its pidfd says alive,
-        its pid is still its own)."""
+        """Whether the launcher or its wrapper has exited or is exiting, asked now: the reader
+        task, which sets `alive`, may not have run since. Once this says so, `alive` says so
+        too, so that every call of the session meets the death that session.list showed."""
+        if self.alive and self._exiting():
+            self._mark_dead("the sandbox launcher or its wrapper exited or was killed; close "
+                            "the session and open a new one")
+        return not self.alive
+
+    def _exiting(self) -> bool:
+        """The pidfds say so once a process has ended; a process killed a moment ago may not
+        have run since (on a busy machine it waits for a CPU), and then only its pending
+        SIGKILL says so; one that has run since is exiting, and has already let go of its
+        namespaces (while its pidfd says alive, its pid is still its own)."""
         fds = [fd for fd in (self._launcher_fd, self._wrapper_fd) if fd != -1]
-        if not self.alive or not fds:
+        if not fds:
             return True
         poller = select.poll()
         for fd in fds:
@@ -607,7 +614,7 @@ class Launcher:
             return True
         try:
             os.readlink(f"/proc/{self.host_pid}/ns/mnt")
-        except OSError:
+        except (FileNotFoundError, ProcessLookupError):
             return True
         return False
 
