@@ -209,14 +209,34 @@ async def test_extra_fds_become_fd_3_and_up(launcher):
     assert await job.wait() == (0, None)
 
 
-async def test_ignored_signals_are_reset_for_the_command(launcher):
-    # Python ignores SIGPIPE and SIGXFSZ; a command inheriting that would never die of a
-    # broken pipe. (glibc's posix_spawn leaves its own internal signals 32 and 33 ignored;
-    # every glibc program installs its handlers for those at startup.)
+async def ignored_signals(launcher) -> set[int]:
+    """The signals a command of `launcher` starts with ignored. (glibc's posix_spawn leaves
+    its own internal signals 32 and 33 ignored; every glibc program installs its handlers
+    for those at startup.)"""
     output, status = await run(launcher, ["grep", "SigIgn", "/proc/self/status"])
     assert status == (0, None)
-    ignored = {sig for sig in range(1, 65) if int(output.split()[1], 16) & (1 << (sig - 1))}
-    assert ignored <= {32, 33}
+    return {sig for sig in range(1, 65) if int(output.split()[1], 16) & (1 << (sig - 1))} - {
+        32, 33}
+
+
+async def test_ignored_signals_are_reset_for_the_command(launcher):
+    # Python ignores SIGPIPE and SIGXFSZ; a command inheriting that would never die of a
+    # broken pipe.
+    assert await ignored_signals(launcher) == set()
+
+
+async def test_signals_the_daemon_was_started_ignoring_are_reset_for_the_command(
+        nursery, wrapper):
+    # A script's `toolsd serve &` (a shell without job control) starts the daemon ignoring
+    # SIGINT and SIGQUIT: inherited, no REPL of any session could be interrupted.
+    ignoring = ["sh", "-c", 'trap "" INT QUIT; exec "$@"', "sh", *wrapper]
+    launcher = await Launcher.start(nursery, wrapper=ignoring, env=ENV)
+    pids = tree_pids(launcher)
+    try:
+        assert await ignored_signals(launcher) == set()
+    finally:
+        await launcher.aclose()
+        assert_gone(pids)
 
 
 async def test_commands_run_with_the_normal_scheduling_policy(launcher):
