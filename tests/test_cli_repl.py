@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 
 import pexpect
@@ -18,10 +19,13 @@ STUCK_S = 30
 
 
 def spawn_repl(daemon, *extra: str) -> pexpect.spawn:
+    # Ctrl-C at its default, as a shell starts a program in the foreground: tests run in the
+    # background (by a script's `cmd &`) would otherwise pass on SIGINT ignored.
     return pexpect.spawn(
         sys.executable, ["-m", "toolsd", "--socket", daemon.socket, "repl",
                          "--workspace", daemon.workspace, *extra],
-        env=daemon.env, encoding="utf-8", timeout=STUCK_S, dimensions=(24, 200))
+        env=daemon.env, encoding="utf-8", timeout=STUCK_S, dimensions=(24, 200),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def interpreter_pids(daemon, marker: str) -> list[int]:
