@@ -17,8 +17,9 @@ pytestmark = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is no
 
 @pytest.fixture
 def outside():
-    """A host folder outside the workspace (not under /tmp, which sessions get privately)."""
-    path = tempfile.mkdtemp(prefix="toolsd-outside-", dir=os.path.expanduser("~"))
+    """A host folder outside the workspace (not under /tmp, which sessions get privately, nor
+    in a home folder, which shows only what it had when the session started)."""
+    path = tempfile.mkdtemp(prefix="toolsd-outside-", dir="/var/tmp")
     yield path
     import shutil
 
@@ -135,16 +136,29 @@ def test_git_config_rewritten_on_the_host_ends_the_session(daemon, client):
         assert f.read() == "[user]\n\tname = host\n"
 
 
-def test_a_credential_folder_replaced_on_the_host_ends_the_session(daemon, client, session):
+def test_a_credential_folder_replaced_on_the_host_stays_hidden(daemon, client, session):
+    # The session's home shows what the host's had at open, less the secrets: nothing of
+    # ~/.ssh is mounted, so a new one made on the host has nothing to uncover either.
     ssh = os.path.join(daemon.home, ".ssh")
     shutil.rmtree(ssh)
     os.makedirs(ssh)
     with open(os.path.join(ssh, "id_rsa"), "w") as f:
         f.write("NEW-SECRET-KEY\n")
+    r = client.shell_run(session, "cat ~/.ssh/id_rsa; echo rc=$?; cat ~/notes.txt")
+    assert "NEW-SECRET-KEY" not in r["output"]
+    assert "rc=1" in r["output"] and r["output"].endswith("PUBLIC-NOTE\n")
+
+
+def test_the_home_folder_replaced_on_the_host_ends_the_session(daemon, client, session):
+    # The session's home is a mount on the host's home folder: moved away on the host, the
+    # path would show the host's new folder as it is.
+    os.rename(daemon.home, daemon.home + ".old")
+    os.makedirs(daemon.home)
+    with open(os.path.join(daemon.home, ".npmrc"), "w") as f:
+        f.write("NEW-TOKEN\n")
     with pytest.raises(ToolsdError) as e:
-        wait_for(lambda: "NEW-SECRET-KEY" in client.shell_run(session, "cat ~/.ssh/id_rsa")[
-            "output"])
-    assert e.value.code == "session_closed" and ".ssh" in e.value.message
+        wait_for(lambda: "NEW-TOKEN" in client.shell_run(session, "cat ~/.npmrc")["output"])
+    assert e.value.code == "session_closed" and daemon.home in e.value.message
 
 
 def test_host_processes_are_invisible_and_unsignallable(daemon, client, session):

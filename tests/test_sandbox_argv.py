@@ -14,10 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolsd.sandbox import (
+    Folder,
     Limits,
     Policy,
     bwrap_argv,
-    credential_paths,
+    folder_entries,
+    guarding_mounts,
     sandbox_env,
     validate_env,
 )
@@ -31,8 +33,9 @@ ARITY = {"--ro-bind": 2, "--bind": 2, "--dev": 1, "--proc": 1, "--tmpfs": 1, "--
          "--chdir": 1, "--cap-drop": 1, "--clearenv": 0, "--unshare-user": 0,
          "--unshare-pid": 0, "--unshare-ipc": 0, "--unshare-uts": 0,
          "--unshare-cgroup-try": 0, "--unshare-net": 0, "--as-pid-1": 0,
-         "--die-with-parent": 0, "--new-session": 0}
-MOUNTS = {"--ro-bind", "--bind", "--dev", "--proc", "--tmpfs"}
+         "--die-with-parent": 0, "--new-session": 0, "--dir": 1, "--symlink": 2,
+         "--ro-bind-try": 2, "--remount-ro": 1}
+MOUNTS = {"--ro-bind", "--bind", "--dev", "--proc", "--tmpfs", "--ro-bind-try", "--remount-ro"}
 
 
 def ops(argv: list[str]) -> list[tuple[str, ...]]:
@@ -242,6 +245,97 @@ def test_extra_ro_binds_come_before_the_workspace_and_hiding_inside_them_applies
     assert m[-1] == ("--tmpfs", "/tmp/venv/secrets")
 
 
+# ------------------------------------------------------------------ folders shown entry by entry
+
+HOME_SCRATCH = "/var/lib/toolsd/scratch/s1-home"
+
+
+def test_the_session_home_is_its_scratch_with_entries_bound_back_before_the_workspace():
+    home = Folder(path="/home/u", writable=True, dirs=("/home/u/.config",),
+                  binds=("/home/u/.bashrc", "/home/u/.config/pip", "/home/u/proj"),
+                  symlinks=(("dotfiles/vimrc", "/home/u/.vimrc"),))
+    o = ops(bwrap_argv(policy(folders=(home,), home=HOME_SCRATCH)))
+    start = o.index(("--bind", HOME_SCRATCH, "/home/u"))
+    assert o[start:start + 6] == [
+        ("--bind", HOME_SCRATCH, "/home/u"),
+        ("--dir", "/home/u/.config"),
+        ("--symlink", "dotfiles/vimrc", "/home/u/.vimrc"),
+        ("--ro-bind-try", "/home/u/.bashrc", "/home/u/.bashrc"),
+        ("--ro-bind-try", "/home/u/.config/pip", "/home/u/.config/pip"),
+        ("--ro-bind-try", "/home/u/proj", "/home/u/proj"),
+    ]
+    assert o[start + 6] == ("--bind", WS, WS)  # the workspace (~/proj) on top, writable
+    assert ("--remount-ro", "/home/u") not in o  # the session's own: writable
+
+
+def test_other_homes_are_a_tmpfs_filled_then_read_only():
+    root = Folder(path="/root", binds=("/root/.profile",))
+    o = ops(bwrap_argv(policy(folders=(root,))))
+    start = o.index(("--tmpfs", "/root"))
+    assert o[start:start + 3] == [("--tmpfs", "/root"),
+                                  ("--ro-bind-try", "/root/.profile", "/root/.profile"),
+                                  ("--remount-ro", "/root")]
+
+
+def test_a_workspace_in_a_read_only_folder_gets_its_mount_point_made_before_remount():
+    ws = "/root/.docker/proj"  # under a hidden entry of /root: nothing bound there
+    root = Folder(path="/root", dirs=("/root/.config",), binds=("/root/.profile",))
+    o = ops(bwrap_argv(policy(workspace=ws, folders=(root,))))
+    made = [op[1] for op in o[:o.index(("--remount-ro", "/root"))] if op[0] == "--dir"]
+    assert made == ["/root/.config", "/root/.docker", ws]
+    assert o.index(("--remount-ro", "/root")) < o.index(("--bind", ws, ws))
+    # Under a bound entry the host's folder is the mount point: nothing to make.
+    o = ops(bwrap_argv(policy(workspace="/root/src/proj",
+                              folders=(Folder(path="/root", binds=("/root/src",)),))))
+    assert not any(op[0] == "--dir" for op in o)
+
+
+def test_folders_outermost_first_and_one_in_a_hidden_entry_of_another_is_dropped():
+    outer = Folder(path="/home", binds=("/home/bob",))
+    inner = Folder(path="/home/bob", binds=("/home/bob/.profile",))
+    hidden = Folder(path="/home/eve", binds=("/home/eve/.profile",))  # not bound in /home
+    o = ops(bwrap_argv(policy(folders=(inner, hidden, outer))))
+    assert o.index(("--tmpfs", "/home")) < o.index(("--remount-ro", "/home")) < o.index(
+        ("--tmpfs", "/home/bob"))
+    assert not any(op[-1].startswith("/home/eve") for op in o)
+
+
+def test_a_folder_in_a_hidden_dir_is_dropped_and_hidden_paths_it_does_not_show_too():
+    root = Folder(path="/root", binds=("/root/.pyenv",))
+    p = policy(folders=(root, Folder(path="/srv/secret/x")), hidden_dirs=(
+        "/srv/secret", "/root/.aws", "/root/.pyenv/keys", f"{WS}/.aws"))
+    m = mounts(bwrap_argv(p))
+    assert not any(op[-1].startswith("/srv/secret/") for op in m)
+    assert ("--tmpfs", "/root/.aws") not in m  # not shown by /root: there is nothing to hide
+    assert ("--tmpfs", "/root/.pyenv/keys") in m  # inside a bound entry: hidden on top
+    assert ("--tmpfs", f"{WS}/.aws") in m
+
+
+def test_guarding_mounts_and_fingerprinted_entries_include_the_folders():
+    home = Folder(path="/home/u", writable=True, binds=("/home/u/.bashrc",))
+    p = policy(folders=(home, Folder(path="/root", binds=("/root/.profile",))),
+               home=HOME_SCRATCH)
+    assert {"/home/u", "/root", WS} <= set(guarding_mounts(p))
+    assert "/home/u/.bashrc" not in guarding_mounts(p)  # its loss uncovers only the scratch
+    assert sorted(folder_entries(p)) == ["/home/u/.bashrc", "/root/.profile"]
+
+
+@pytest.mark.parametrize("kw,says", [
+    (dict(folders=(Folder(path="/home/u", writable=True),)), "needs Policy.home"),
+    (dict(folders=(Folder(path="/a", writable=True), Folder(path="/b", writable=True)),
+          home=HOME_SCRATCH), "only one folder"),
+    (dict(folders=(Folder(path=f"{WS}/sub"),)), "inside the workspace"),
+    (dict(folders=(Folder(path="/"),)), "/ cannot be shown"),
+    (dict(folders=(Folder(path="/proc/x"),)), "/proc"),
+    (dict(folders=(Folder(path="/root", binds=("/etc/passwd",)),)), "not inside it"),
+    (dict(folders=(Folder(path="/root"), Folder(path="/root/"))), "listed twice"),
+    (dict(folders=(Folder(path="/opt"),), extra_ro_binds=("/opt/toolsd",)), "lists"),
+])
+def test_folders_that_cannot_be_shown_are_refused(kw, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        policy(**kw)
+
+
 # ------------------------------------------------------------------ env, limits, credentials
 
 
@@ -250,8 +344,10 @@ def test_sandbox_env_has_fixed_values_and_session_env_on_top():
                       extra={"TERM": "xterm", "FOO": "bar"})
     assert env == {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LANG": "C.UTF-8",
                    "TERM": "xterm", "NO_COLOR": "1", "PAGER": "cat", "GIT_PAGER": "cat",
-                   "PYTHONUNBUFFERED": "1", "XDG_CACHE_HOME": "/tmp/.cache", "TMPDIR": "/tmp",
-                   "FOO": "bar"}
+                   "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "FOO": "bar"}
+    assert sandbox_env(home="/h", path="/bin", lang="C", extra={},
+                       git_config_global="/h/.gitconfig.toolsd")["GIT_CONFIG_GLOBAL"] == (
+        "/h/.gitconfig.toolsd")
     with pytest.raises(ValueError, match="'A=B'"):
         sandbox_env(home="/h", path="/bin", lang="C", extra={"A=B": "x"})
 
@@ -300,14 +396,6 @@ def test_limits_refuse_non_positive_or_non_integers(bad):
         Limits(pids=bad)
 
 
-def test_credential_paths_are_joined_under_home():
-    dirs, files = credential_paths("/home/u")
-    assert dirs == ["/home/u/.ssh", "/home/u/.aws", "/home/u/.gnupg", "/home/u/.config/gcloud",
-                    "/home/u/.kube", "/home/u/.docker", "/home/u/.azure",
-                    "/home/u/.password-store"]
-    assert files == ["/home/u/.netrc", "/home/u/.git-credentials", "/home/u/.pgpass"]
-
-
 # ------------------------------------------------------------------ the argv, run for real
 
 
@@ -340,11 +428,9 @@ def test_the_argv_sandboxes_a_real_bash(tmp_path):
     (ws / ".git" / "config").write_text("[core]\n")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    dirs, files = credential_paths(str(home))
     sleeper = f"98765.{int(tag, 16) % 10**6}"
     base = dict(workspace=str(ws), scratch=str(scratch),
-                hidden_dirs=tuple(d for d in dirs if os.path.isdir(d)),
-                hidden_files=tuple(f for f in files if os.path.isfile(f)),
+                hidden_dirs=(str(home / ".ssh"),), hidden_files=(str(home / ".netrc"),),
                 protected=(str(ws / ".git" / "hooks"), str(ws / ".git" / "config")),
                 env=sandbox_env(home=str(home), path="/usr/bin:/bin", lang="C.UTF-8",
                                 extra={"SESSION_VAR": "mine"}))

@@ -106,33 +106,65 @@ def test_a_spare_is_not_used_once_its_workspace_was_replaced(daemon, client):
 
 
 def test_a_credential_folder_made_after_the_spare_is_hidden_all_the_same(daemon, client):
+    # Nothing of a secret's path is mounted in a home: a spare made before ~/.aws existed
+    # shows it no more than a sandbox made now, so it may serve the session.
     first = client.session_open(daemon.workspace)["session"]
-    spare = spare_ready(daemon, client, first)
+    spare_ready(daemon, client, first)
     aws = os.path.join(daemon.home, ".aws")
     os.makedirs(aws)
     with open(os.path.join(aws, "credentials"), "w") as f:
         f.write("AWS-SECRET\n")
     second = client.session_open(daemon.workspace)["session"]
-    assert sandbox_of(daemon, client, second) != spare
-    r = client.shell_run(second, "cat ~/.aws/credentials")
-    assert "AWS-SECRET" not in r["output"]
+    r = client.shell_run(second, "cat ~/.aws/credentials; echo rc=$?")
+    assert "AWS-SECRET" not in r["output"] and "rc=1" in r["output"]
 
 
-def test_a_credential_folder_replaced_after_the_spare_is_hidden_all_the_same(daemon, client):
-    # Replacing ~/.aws removes the spare's tmpfs over it (the kernel detaches mounts on a
-    # removed path in every namespace), and the new folder may get the old inode number:
-    # what is checked is the spare's own mounts.
-    aws = os.path.join(daemon.home, ".aws")
-    os.makedirs(aws)
+def test_a_spare_is_not_used_once_the_home_got_a_new_entry(daemon, client):
+    # The home shows the entries it had when the sandbox started: a spare made before a
+    # toolchain was installed would not show it.
     first = client.session_open(daemon.workspace)["session"]
     spare = spare_ready(daemon, client, first)
-    shutil.rmtree(aws)
-    os.makedirs(aws)
-    with open(os.path.join(aws, "credentials"), "w") as f:
-        f.write("NEW-AWS-SECRET\n")
+    os.makedirs(os.path.join(daemon.home, ".newtool"))
+    with open(os.path.join(daemon.home, ".newtool", "version"), "w") as f:
+        f.write("1.0\n")
     second = client.session_open(daemon.workspace)["session"]
     assert sandbox_of(daemon, client, second) != spare
-    assert "NEW-AWS-SECRET" not in client.shell_run(second, "cat ~/.aws/credentials")["output"]
+    assert client.shell_run(second, "cat ~/.newtool/version")["output"] == "1.0\n"
+
+
+def test_a_spare_is_not_used_once_a_home_entry_was_replaced(daemon, client):
+    first = client.session_open(daemon.workspace)["session"]
+    spare = spare_ready(daemon, client, first)
+    notes = os.path.join(daemon.home, "notes.txt")
+    with open(notes + ".new", "w") as f:
+        f.write("NEW-NOTE\n")
+    os.rename(notes + ".new", notes)  # as editors save: the spare binds the old file
+    second = client.session_open(daemon.workspace)["session"]
+    assert sandbox_of(daemon, client, second) != spare
+    assert client.shell_run(second, "cat ~/notes.txt")["output"] == "NEW-NOTE\n"
+
+
+def test_a_hidden_folder_replaced_after_the_spare_is_hidden_all_the_same(daemon_root):
+    # Replacing a folder hidden where it is (--hide outside any home) removes the spare's
+    # tmpfs over it (the kernel detaches mounts on a removed path in every namespace), and
+    # the new folder may get the old inode number: what is checked is the spare's own mounts.
+    vault = os.path.join(daemon_root, "vault")
+    os.makedirs(vault)
+    d = RunningDaemon(daemon_root, ("--hide", vault), warm_spare=True).start()
+    try:
+        with d.client() as client:
+            first = client.session_open(d.workspace)["session"]
+            spare = spare_ready(d, client, first)
+            shutil.rmtree(vault)
+            os.makedirs(vault)
+            with open(os.path.join(vault, "key"), "w") as f:
+                f.write("NEW-VAULT-SECRET\n")
+            second = client.session_open(d.workspace)["session"]
+            assert sandbox_of(d, client, second) != spare
+            r = client.shell_run(second, f"cat {vault}/key")
+            assert "NEW-VAULT-SECRET" not in r["output"]
+    finally:
+        assert d.stop() == 0, d.read_log()
 
 
 def test_a_spare_that_died_is_not_handed_out(daemon, client):

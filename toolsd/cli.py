@@ -43,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-sandbox", action="store_true",
                    help="refuse to start when bubblewrap cannot sandbox sessions")
     p.add_argument("--hide", action="append", default=[], metavar="PATH",
-                   help="another path sessions must not see (repeatable)")
+                   help="another path sessions must not see: a file or a folder, existing or "
+                        "not (repeatable)")
+    p.add_argument("--show", action="append", default=[], metavar="PATH",
+                   help="let one of the home folder's hidden entries (docs/sandbox.md) back "
+                        "into sessions, read-only, e.g. ~/.npmrc (repeatable)")
     p.add_argument("--no-warm-spare", dest="warm_spare", action="store_false",
                    help="do not keep a sandbox started ahead for the next session.open "
                         "(it makes session.open some 40 ms quicker, for ~30 MB held)")
@@ -106,6 +110,27 @@ def connect(args) -> Client:
     return Client(socket_of(args))
 
 
+def hidden_and_shown(hide: list[str], show: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`--hide` paths (absolute) and `--show` entries (relative to the home), checked;
+    ValueError says what cannot be done and why."""
+    from . import home
+
+    hidden = tuple(os.path.abspath(os.path.expanduser(h)) for h in hide)
+    for path in hidden:
+        try:
+            home.check_hideable(os.path.realpath(path))
+        except ValueError as e:
+            raise ValueError(f"--hide {path}: {e}") from None
+    own_home = os.path.realpath(os.path.expanduser("~"))
+    shown = tuple(dict.fromkeys(home.shown_entry(os.path.expanduser(s), own_home)
+                                for s in show))
+    for rel in shown:
+        path = os.path.join(own_home, rel)
+        if any(os.path.realpath(h) == path for h in hidden):
+            raise ValueError(f"{path} is given to both --hide and --show; keep one")
+    return hidden, shown
+
+
 def cmd_serve(args) -> int:
     from . import daemon
     from .sandbox import Limits
@@ -113,12 +138,18 @@ def cmd_serve(args) -> int:
 
     daemon.setup_logging(args.verbose)
     path = socket_of(args)
+    try:
+        hidden, shown = hidden_and_shown(args.hide, args.show)
+    except ValueError as e:
+        print(f"toolsd: {e}", file=sys.stderr)
+        return 2
     config = Config(
         socket_path=path,
         state_dir=os.path.abspath(args.state_dir) if args.state_dir else default_state_dir(path),
         max_frame=args.max_frame,
         require_sandbox=args.require_sandbox,
-        hidden=tuple(os.path.abspath(h) for h in args.hide),
+        hidden=hidden,
+        shown=shown,
         limits=Limits(),
         warm_spare=args.warm_spare,
         idle_timeout_s=args.idle_timeout,

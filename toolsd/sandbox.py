@@ -1,9 +1,9 @@
 """A session's sandbox policy and the bubblewrap argv that enforces it.
 
 Pure: nothing here touches the filesystem or spawns anything. The caller resolves paths
-(realpath), filters hidden paths for existence, and appends the launcher command to the argv
-prefix that `bwrap_argv` returns. The same clean environment (`sandbox_env`) is used when a
-session runs unsandboxed.
+(realpath), filters hidden paths for existence, lists the folders shown entry by entry
+(toolsd/home.py), and appends the launcher command to the argv prefix that `bwrap_argv`
+returns. The same clean environment (`sandbox_env`) is used when a session runs unsandboxed.
 
 Mount order (each later mount lands on top of earlier ones):
 
@@ -12,6 +12,10 @@ Mount order (each later mount lands on top of earlier ones):
     --dev /dev, --proc /proc
     extra read-only binds
     hidden dirs that CONTAIN the workspace (outermost first)
+    folders shown entry by entry (homes, outermost first): the session's home (HOME bound
+                               at its path) or a tmpfs, its entries bound read-only into it,
+                               then (tmpfs) --remount-ro; before the workspace, which may
+                               lie in one
     the workspace              --bind, or --ro-bind when not writable
     protected paths            --ro-bind inside the workspace (.git/hooks, .git/config)
     hiding mounts              --tmpfs DIR, --ro-bind /dev/null FILE: last, so that no
@@ -73,6 +77,29 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Folder:
+    """A host folder shown as it was when the session started, minus what it hides: an empty
+    folder into which the entries listed are put back one by one, read-only. What the host
+    adds to the folder later never appears in it, nor does anything not listed; a listed
+    folder hides nothing, so one with a hidden entry somewhere below it is listed in `dirs`
+    and its own entries are listed in turn (docs/sandbox.md, "The home folder").
+
+    The empty folder is the session's own home (`writable`: Policy.home, bound at `path`,
+    so what the session writes there lands in its scratch) or else a tmpfs, made read-only
+    once filled. In the session's home, small files are copied rather than bound (`copies`:
+    the caller copies them into Policy.home before the sandbox starts): bwrap reads the
+    whole mount table again for every bind, so each mount costs more than the one before.
+    Every path is absolute and inside `path`."""
+
+    path: str
+    writable: bool = False
+    dirs: tuple[str, ...] = ()  # made empty, parents first
+    binds: tuple[str, ...] = ()  # host paths bound read-only at their own path
+    symlinks: tuple[tuple[str, str], ...] = ()  # (target, path): made as the host has them
+    copies: tuple[str, ...] = ()  # host files copied into Policy.home (writable only)
+
+
+@dataclass(frozen=True)
 class Policy:
     """What one session's sandbox shows and allows. Every path is absolute and already
     resolved by the caller (symlinks in them would be followed inside the new root).
@@ -89,6 +116,8 @@ class Policy:
     extra_ro_binds: tuple[str, ...] = ()  # e.g. the driver folder when /tmp would hide it
     pinned: tuple[str, ...] = ()  # workspace folders bound onto themselves (e.g. ws/.git)
     proc_read_only: tuple[str, ...] = ("/proc/sys",)  # see PROC_READ_ONLY
+    folders: tuple[Folder, ...] = ()  # shown entry by entry (the homes)
+    home: str = ""  # host folder (per session) bound at the writable Folder's path
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
@@ -123,6 +152,8 @@ def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
         args += ["--ro-bind", path, path]
     for path in plan.outer_hidden_dirs:
         args += ["--tmpfs", path]
+    for folder in plan.folders:
+        args += _folder_args(folder, plan.home)
     args += ["--bind" if policy.writable else "--ro-bind", ws, ws]
     for path in plan.pinned:
         # A mount point cannot be renamed or removed: `mv .git .git-old` and a fresh .git
@@ -152,9 +183,29 @@ def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
     return LocalCommand(bwrap)[args].formulate()
 
 
-def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str]) -> dict[str, str]:
+def _folder_args(folder: _PlannedFolder, home: str) -> list[str]:
+    """One folder shown entry by entry: the empty folder, what is made in it, the entries
+    bound back (`-try`: an entry the host removed since it was listed is left out rather
+    than failing the start), then read-only unless it is the session's home."""
+    path = folder.path
+    args = ["--bind", home, path] if folder.writable else ["--tmpfs", path]
+    for d in folder.dirs:
+        args += ["--dir", d]
+    for target, link in folder.symlinks:
+        args += ["--symlink", target, link]
+    for entry in folder.binds:
+        args += ["--ro-bind-try", entry, entry]
+    if not folder.writable:
+        args += ["--remount-ro", path]
+    return args
+
+
+def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str],
+                git_config_global: str | None = None) -> dict[str, str]:
     """The clean environment of a session: fixed values for tools that would otherwise page,
-    colour or buffer their output, then the session's own env on top (it may override any)."""
+    colour or buffer their output, then the session's own env on top (it may override any).
+    `git_config_global`: the session's own git config file in its home, where `git config
+    --global` writes (docs/sandbox.md, "Git")."""
     env = {
         "PATH": path,
         "HOME": home,
@@ -164,23 +215,12 @@ def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str]) ->
         "PAGER": "cat",
         "GIT_PAGER": "cat",
         "PYTHONUNBUFFERED": "1",
-        "XDG_CACHE_HOME": "/tmp/.cache",
         "TMPDIR": "/tmp",
     }
+    if git_config_global:
+        env["GIT_CONFIG_GLOBAL"] = git_config_global
     env.update(validate_env(extra))
     return env
-
-
-_CREDENTIAL_DIRS = (".ssh", ".aws", ".gnupg", ".config/gcloud", ".kube", ".docker", ".azure",
-                    ".password-store")
-_CREDENTIAL_FILES = (".netrc", ".git-credentials", ".pgpass")
-
-
-def credential_paths(home: str) -> tuple[list[str], list[str]]:
-    """(dirs, files) under `home` that sessions never see. Pure joins: the caller keeps the
-    ones that exist (bwrap would create a missing mount point, inside the workspace too)."""
-    return ([os.path.join(home, d) for d in _CREDENTIAL_DIRS],
-            [os.path.join(home, f) for f in _CREDENTIAL_FILES])
 
 
 # The environment of any command of a session, at most: names, values, and an `=` and a NUL
@@ -231,8 +271,19 @@ def guarding_mounts(policy: Policy) -> tuple[str, ...]:
     namespace when the host removes or replaces the path it sits on (the kernel detaches
     it), so a sandbox that has run for a while may no longer have them all."""
     plan = _plan(policy)
-    return (*plan.outer_hidden_dirs, plan.workspace, *plan.pinned, *plan.protected,
-            *plan.hidden_dirs, *plan.hidden_files)
+    return (*plan.outer_hidden_dirs, *(f.path for f in plan.folders), plan.workspace,
+            *plan.pinned, *plan.protected, *plan.hidden_dirs, *plan.hidden_files)
+
+
+def folder_entries(policy: Policy) -> tuple[str, ...]:
+    """The host paths that the policy's folders bind back, for a sandbox made ahead to be
+    compared with the host as it is now (Session.fingerprint)."""
+    return tuple(entry for folder in _plan(policy).folders for entry in folder.binds)
+
+
+def folder_copies(policy: Policy) -> tuple[str, ...]:
+    """The host files that the policy's home holds copies of."""
+    return tuple(entry for folder in policy.folders for entry in folder.copies)
 
 
 def mount_points(mountinfo: bytes) -> set[str]:
@@ -251,11 +302,22 @@ def mount_points(mountinfo: bytes) -> set[str]:
 
 
 @dataclass(frozen=True)
+class _PlannedFolder:
+    path: str
+    writable: bool
+    dirs: tuple[str, ...]  # the Folder's, then those the workspace needs in a read-only one
+    binds: tuple[str, ...]
+    symlinks: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class _Plan:
     workspace: str
     scratch: str
+    home: str
     extra_ro_binds: tuple[str, ...]
     outer_hidden_dirs: tuple[str, ...]  # contain the workspace: mounted before it
+    folders: tuple[_PlannedFolder, ...]  # outermost first
     pinned: tuple[str, ...]
     protected: tuple[str, ...]
     hidden_dirs: tuple[str, ...]  # the rest: mounted last
@@ -336,10 +398,100 @@ def _plan(policy: Policy) -> _Plan:
             if _inside(e, d):
                 raise ValueError(f"extra read-only bind {e} lies inside hidden folder {d}; "
                                  "hidden paths stay hidden, so move it or stop hiding that folder")
-    return _Plan(workspace=ws, scratch=scratch, extra_ro_binds=tuple(extras),
-                 outer_hidden_dirs=tuple(outer), pinned=tuple(pinned),
+    folders = _plan_folders(policy, ws, dirs)
+    for e in extras:
+        for f in folders:
+            if _inside(e, f.path) and not any(_inside(e, b) for b in f.binds):
+                raise ValueError(f"extra read-only bind {e} lies inside {f.path}, which shows "
+                                 f"only the entries it lists; list it there instead")
+
+    def seen(path: str) -> bool:
+        # Inside a folder only its entries (and the workspace, mounted on top) can be seen:
+        # a hiding mount elsewhere in it would hide nothing, and its mount point could not
+        # even be made in a read-only one.
+        return _inside(path, ws) or all(
+            not _inside(path, f.path) or any(_inside(path, b) for b in f.binds)
+            for f in folders)
+
+    return _Plan(workspace=ws, scratch=scratch, home=policy.home,
+                 extra_ro_binds=tuple(extras),
+                 outer_hidden_dirs=tuple(outer), folders=folders, pinned=tuple(pinned),
                  protected=tuple(protected),
-                 hidden_dirs=tuple(inner), hidden_files=tuple(files))
+                 hidden_dirs=tuple(d for d in inner if seen(d)),
+                 hidden_files=tuple(f for f in files if seen(f)))
+
+
+def _plan_folders(policy: Policy, ws: str, hidden_dirs: list[str]) -> tuple[_PlannedFolder, ...]:
+    """Validate and order the policy's folders; ValueError on a folder that cannot be shown.
+    A folder that a hidden dir covers, or that lies in another folder but in none of its
+    entries, is hidden already and dropped."""
+    if not isinstance(policy.folders, tuple):
+        raise ValueError("folders must be a tuple of Folder")
+    writable = [f for f in policy.folders if f.writable]
+    if len(writable) > 1:
+        raise ValueError("only one folder (the session's home) can be writable")
+    if writable and not policy.home:
+        raise ValueError("a writable folder needs Policy.home, the host folder bound there")
+    home = _abs_path("home", policy.home) if policy.home else ""
+    checked = []
+    for folder in policy.folders:
+        path = _abs_path("folder", folder.path)
+        if path == "/":
+            raise ValueError("/ cannot be shown entry by entry; name a folder below it")
+        for system in _SYSTEM_MOUNTS:
+            if _inside(path, system):
+                raise ValueError(f"folder {path} lies in {system}, which the sandbox replaces")
+        if _inside(path, ws):
+            raise ValueError(f"folder {path} is inside the workspace {ws}, which shows it "
+                             f"as it is; the workspace cannot also show it entry by entry")
+        entries = {
+            "dirs": _paths("folder dirs", folder.dirs),
+            "binds": _paths("folder binds", folder.binds),
+            "symlinks": _paths("folder symlinks", (link for _t, link in folder.symlinks)),
+            "copies": _paths("folder copies", folder.copies),
+        }
+        if entries["copies"] and not folder.writable:
+            raise ValueError(f"folder {path}: only the session's home (writable) can hold "
+                             f"copies; bind the files instead")
+        for what, paths in entries.items():
+            for entry in paths:
+                if entry == path or not _inside(entry, path):
+                    raise ValueError(f"folder {path}: {what} entry {entry} is not inside it")
+        for target, _link in folder.symlinks:
+            if not isinstance(target, str) or not target or "\0" in target:
+                raise ValueError(f"folder {path}: symlink target {target!r} is not a path")
+        checked.append((path, folder, entries))
+    checked.sort(key=lambda c: c[0].count("/"))
+    planned: list[_PlannedFolder] = []
+    for path, folder, entries in checked:
+        if any(_inside(path, d) for d in hidden_dirs):
+            continue
+        outer = [f for f in planned if _inside(path, f.path) and f.path != path]
+        if any(not f.writable and not any(_inside(path, b) for b in f.binds) for f in outer):
+            continue
+        if any(f.path == path for f in planned):
+            raise ValueError(f"folder {path} is listed twice")
+        made = list(entries["dirs"])
+        if not folder.writable and _inside(ws, path) and not any(
+                _inside(ws, b) for b in entries["binds"]):
+            # The workspace is mounted after this folder is read-only: its mount point (and
+            # the folders on the way) must be made while it can still be written.
+            step = path
+            for part in os.path.relpath(ws, path).split("/"):
+                step = os.path.join(step, part)
+                if step not in made:
+                    made.append(step)
+        planned.append(_PlannedFolder(
+            path=path, writable=folder.writable, dirs=tuple(sorted(made, key=_depth)),
+            binds=tuple(entries["binds"]),
+            symlinks=tuple((t, _abs_path("symlink", link)) for t, link in folder.symlinks)))
+    if home and _inside(home, ws):
+        raise ValueError(f"the home folder {home} lies in the workspace {ws}")
+    return tuple(planned)
+
+
+def _depth(path: str) -> int:
+    return path.count("/")
 
 
 def _abs_path(what: str, path: object) -> str:

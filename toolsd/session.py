@@ -19,7 +19,7 @@ import uuid
 
 import trio
 
-from . import cgroups, sandbox
+from . import cgroups, home, sandbox
 from .launcher import Launcher, LauncherError
 from .protocol import BAD_PARAMS, NOT_FOUND, SANDBOX_UNAVAILABLE, SESSION_CLOSED, ToolsdError
 from .spill import Spills
@@ -54,6 +54,31 @@ RUNTIME_DIRS = ("/run",)
 GUARD_CHECK_S = 0.5
 
 
+def _identities(paths) -> tuple[tuple[str, int | None, int | None], ...]:
+    """(path, st_dev, st_ino) of each path; None, None for one that is not there."""
+    ids = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            ids.append((path, st.st_dev, st.st_ino))
+        except OSError:
+            ids.append((path, None, None))
+    return tuple(ids)
+
+
+def _contents(paths) -> tuple[tuple[str, int, int, int] | tuple[str], ...]:
+    """What a copy of each file would hold, as far as a stat says: (path, inode, size,
+    mtime), or (path,) for one that is not there."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            out.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((path,))
+    return tuple(out)
+
+
 def _read_all(fd: int) -> bytes:
     os.lseek(fd, 0, os.SEEK_SET)
     chunks = []
@@ -62,13 +87,19 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def own_files() -> tuple[str, ...]:
+    """toolsd's own files that the sandbox needs: the drivers, and the interpreter the
+    launcher runs on (its prefix, the venv's and the base installation's)."""
+    return tuple(sorted({os.path.realpath(DRIVER_DIR), os.path.realpath(sys.prefix),
+                         os.path.realpath(sys.base_prefix),
+                         os.path.dirname(os.path.abspath(sys.executable))}))
+
+
 def own_files_under_tmp() -> tuple[str, ...]:
-    """toolsd's own files that the sandbox needs (the drivers, and the interpreter the launcher
-    runs on) when they live under /tmp: a session's /tmp is its private scratch folder, so
-    without binding them back, a checkout under /tmp could not start a single session."""
-    needed = {os.path.realpath(DRIVER_DIR), os.path.realpath(sys.prefix),
-              os.path.dirname(os.path.abspath(sys.executable))}
-    return tuple(sorted(p for p in needed if p == "/tmp" or p.startswith("/tmp/")))
+    """own_files() under /tmp: a session's /tmp is its private scratch folder, so without
+    binding them back, a checkout under /tmp could not start a single session. (In a home
+    folder they are listed there: home.plan's `keep`.)"""
+    return tuple(p for p in own_files() if p == "/tmp" or p.startswith("/tmp/"))
 
 
 class Turn:
@@ -141,24 +172,34 @@ class Session:
         self.ended_why: str | None = None  # why toolsd ended the session by itself
         self._mounts_fd = -1  # the sandbox's /proc/PID/mountinfo (see check_guards)
         self._mounts_poll = None
+        self._guard_dirs: list[str] = []  # guarding mount points that are folders
+        self._guard_ids: dict = {}  # path -> (st_dev, st_ino) as the sandbox started
         self.scratch = os.path.join(supervisor.state.scratch, session_id)
         # The scratch folder is the sandbox's /tmp.
         self.spills = Spills(self.scratch, self.scratch if supervisor.bwrap is None else "/tmp",
                              self.limits.file_mb << 20)
+        # The session's home folder: bound at HOME's real path (docs/sandbox.md, "The home
+        # folder"), named after the session's first id (a spare keeps its folders' names).
+        self.home_dir = self.scratch + "-home"
+        for own in map(os.path.realpath, supervisor.hidden_paths()):
+            if self.workspace == own or self.workspace.startswith(own.rstrip("/") + "/"):
+                raise ToolsdError(BAD_PARAMS, f"workspace {self.workspace} is inside toolsd's "
+                                  f"own folder {own}, which sessions must never see")
+        home_path = os.path.expanduser("~")
+        self._view = self._plan_view(home_path)
+        self.home_is_own = self._view.home_is_own and supervisor.bwrap is not None
         self.env = sandbox.sandbox_env(
-            home=os.path.expanduser("~"),
+            home=home_path,
             path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             lang=os.environ.get("LANG", "C.UTF-8"),
             extra=self.user_env,
+            git_config_global=(os.path.join(home_path, home.GIT_CONFIG) if self.home_is_own
+                               else None),
         )
         try:
             sandbox.check_env_size(self.env)
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
-        for own in map(os.path.realpath, supervisor.hidden_paths()):
-            if self.workspace == own or self.workspace.startswith(own.rstrip("/") + "/"):
-                raise ToolsdError(BAD_PARAMS, f"workspace {self.workspace} is inside toolsd's "
-                                  f"own folder {own}, which sessions must never see")
         try:
             # A policy the sandbox cannot mount is refused here, not later. Kept for the
             # start, a millisecond away: made again, it cost as much as the rest of the
@@ -174,28 +215,36 @@ class Session:
         self.rlimits = {name.removeprefix("RLIMIT_").lower(): value for name, value
                         in self.limits.rlimits(address_space=not memory_cgroup).items()}
 
-    def policy(self) -> sandbox.Policy:
-        home = os.path.expanduser("~")
-        dirs, files = sandbox.credential_paths(home)
-        # Resolved: a symlinked ~/.ssh must be covered where it really is.
+    def _plan_view(self, home_path: str) -> home.View:
+        """The homes and hidden paths as this session's sandbox shows them (home.plan)."""
+        # Resolved: a symlinked folder must be covered where it really is.
         # /run holds the host's service sockets (D-Bus, docker, agents, $XDG_RUNTIME_DIR):
         # a read-only mount does not stop connect(), so they are hidden, not just read-only.
-        hidden = [os.path.realpath(p)
-                  for p in (*self.supervisor.hidden_paths(), *dirs, *RUNTIME_DIRS)]
-        files = [os.path.realpath(p) for p in files]
+        hidden = [os.path.realpath(p) for p in (*self.supervisor.hidden_paths(), *RUNTIME_DIRS)]
+        try:
+            return home.plan(home=os.path.realpath(home_path), workspace=self.workspace,
+                             hidden=hidden, shown=self.supervisor.config.shown,
+                             keep=own_files())
+        except home.CannotHide as e:
+            raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
+
+    def policy(self) -> sandbox.Policy:
+        view = self._view
         protected = [os.path.join(self.workspace, ".git", p) for p in ("hooks", "config")]
         return sandbox.Policy(
             workspace=self.workspace,
             scratch=self.scratch,
             writable=self.writable,
             network=self.network,
-            hidden_dirs=tuple(p for p in hidden if os.path.isdir(p)),
-            hidden_files=tuple(p for p in files if os.path.isfile(p)),
+            hidden_dirs=view.hidden_dirs,
+            hidden_files=view.hidden_files,
             protected=tuple(p for p in protected if os.path.exists(p)),
             env=self.env,
             extra_ro_binds=own_files_under_tmp(),
             pinned=tuple(p for p in [os.path.join(self.workspace, ".git")] if os.path.isdir(p)),
             proc_read_only=tuple(p for p in sandbox.PROC_READ_ONLY if os.path.exists(p)),
+            folders=view.folders,
+            home=self.home_dir if view.home_is_own else "",
         )
 
     # ------------------------------------------------------------ warm spares
@@ -204,7 +253,8 @@ class Session:
         """What a sandbox made ahead must share with this session to serve it: the same
         policy (all but its scratch folder, which is the sandbox's own), the same limits."""
         policy = tuple((f.name, getattr(self._policy, f.name))
-                       for f in dataclasses.fields(self._policy) if f.name != "scratch")
+                       for f in dataclasses.fields(self._policy)
+                       if f.name not in ("scratch", "home"))
         return policy, self.limits, tuple(sorted(self.rlimits.items())), self.sandbox_kind
 
     def fingerprint(self) -> tuple:
@@ -212,15 +262,10 @@ class Session:
         and made again at the same path is another folder, which a sandbox made before does
         not show (or hide)."""
         p = self._policy
-        paths = (p.workspace, *p.hidden_dirs, *p.hidden_files, *p.protected, *p.pinned)
-        ids = []
-        for path in paths:
-            try:
-                st = os.stat(path)
-                ids.append((path, st.st_dev, st.st_ino))
-            except OSError:
-                ids.append((path, None, None))
-        return tuple(ids)
+        return (_identities((p.workspace, *p.hidden_dirs, *p.hidden_files, *p.protected,
+                             *p.pinned, *(f.path for f in p.folders),
+                             *sandbox.folder_entries(p))),
+                _contents(sandbox.folder_copies(p)))
 
     @property
     def guarded(self) -> bool:
@@ -233,21 +278,31 @@ class Session:
         config` renames a new .git/config into place), and from then on the sandbox would
         show the new file (docs/sandbox.md, "Paths replaced on the host"). `ended_why` says
         so afterwards. Cheap when nothing changed: the kernel flags the sandbox's mountinfo
-        as soon as its mount table changes (POLLPRI), and only then is it read again."""
+        as soon as its mount table changes (POLLPRI), and only then is it read again. A
+        folder moved away on the host takes its mounts along without changing the table:
+        the guarded folders' identities are compared too (a stat each)."""
         fd = self._mounts_fd
         if fd == -1 or self.ended_why is not None or self.closed:
             return
         if self._mounts_poll.poll(0):
             self._guards_lost(_read_all(fd))  # reading re-arms the flag
+        if self.ended_why is None:
+            moved = [path for path, dev, ino in _identities(self._guard_dirs)
+                     if (dev, ino) != self._guard_ids[path]]
+            if moved:
+                self._end_guards_lost(moved)
 
     def _guards_lost(self, mountinfo: bytes) -> None:
         points = sandbox.mount_points(mountinfo)
         missing = [p for p in sandbox.guarding_mounts(self._policy) if p not in points]
         if missing:
-            self.ended_why = (f"{', '.join(missing)} changed on the host while the session "
-                              f"ran, and its sandbox no longer hid or protected it")
-            log.warning("session %s ended: %s", self.id, self.ended_why)
-            self.supervisor.nursery.start_soon(self.close)
+            self._end_guards_lost(missing)
+
+    def _end_guards_lost(self, paths: list[str]) -> None:
+        self.ended_why = (f"{', '.join(paths)} changed on the host while the session ran, "
+                          f"and its sandbox no longer hid or protected it")
+        log.warning("session %s ended: %s", self.id, self.ended_why)
+        self.supervisor.nursery.start_soon(self.close)
 
     async def _watch_guards_started(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """check_guards every GUARD_CHECK_S, for commands already running. Started (the
@@ -289,6 +344,8 @@ class Session:
         """The session's task. Reports a start failure through `task_status.started(error)`
         rather than raising it, so the caller gets one plain ToolsdError."""
         os.makedirs(self.scratch, mode=0o700, exist_ok=True)
+        if self.home_is_own:
+            await trio.to_thread.run_sync(self._make_home)
         places = self.supervisor.cgroup_places
         if places:
             self.cgroup = cgroups.SessionCgroups.create(
@@ -299,6 +356,11 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
+                # The folders as the sandbox is about to bind them (see check_guards).
+                self._guard_dirs = [p for p in sandbox.guarding_mounts(self._policy)
+                                    if os.path.isdir(p)]
+                self._guard_ids = {path: (dev, ino) for path, dev, ino
+                                   in _identities(self._guard_dirs)}
                 try:
                     self.launcher = await Launcher.start(
                         nursery, wrapper=self.wrapper(), env=self.env, cwd=self.workspace,
@@ -324,6 +386,7 @@ class Session:
                 if self.cgroup is not None:
                     self.cgroup.remove()
                 await trio.to_thread.run_sync(shutil.rmtree, self.scratch, True)
+                await trio.to_thread.run_sync(shutil.rmtree, self.home_dir, True)
 
     async def close(self):
         """End everything of the session; idempotent (a second caller waits for the first)."""
@@ -396,6 +459,16 @@ class Session:
             await job.done.wait()
         finally:
             self.activity.end(trio.current_time())
+
+    def _make_home(self) -> None:
+        """The session's home folder as the sandbox binds it at HOME: the host's small
+        files copied, and the session's own git config (home.py)."""
+        os.makedirs(self.home_dir, mode=0o700, exist_ok=True)
+        for folder in self._policy.folders:
+            if folder.writable:
+                home.copy_into(folder, self.home_dir)
+        with open(os.path.join(self.home_dir, home.GIT_CONFIG), "w") as f:
+            f.write(home.git_config_text(self.env["HOME"]))
 
     # ------------------------------------------------------------ memory
 

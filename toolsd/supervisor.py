@@ -32,6 +32,7 @@ class Config:
     max_frame: int
     require_sandbox: bool = False
     hidden: tuple[str, ...] = ()  # more paths to hide from sessions (--hide)
+    shown: tuple[str, ...] = ()  # home.SECRETS entries let back into the home (--show)
     limits: Limits = Limits()
     warm_spare: bool = True  # keep a sandbox started ahead for the next session.open
     # Close sessions idle for this long (--idle-timeout; see session.Activity); None: never.

@@ -1,0 +1,390 @@
+"""The homes as a session sees them: deny by default.
+
+Inside the sandbox, HOME is the session's own folder in its scratch (writable, removed at
+session.close), into which the entries that the host's home had when the session started
+are bound back read-only, except the hidden ones: SECRETS, the session's OWN (caches, which
+start empty), the daemon's own folders and `toolsd serve --hide` paths. Every other home a
+session could read (/root, /home/*, the daemon user's own when HOME points elsewhere) is
+shown the same way, read-only. A folder with a hidden entry somewhere below it (~/.config
+holds gh, gcloud, git/credentials) is not bound whole: it is made empty and its own entries
+are put back one by one, down to the hidden entry's folder. So a secret that the host
+creates later, in such a folder or anywhere else in the home, never appears: only what was
+listed is there. A list of names can never be complete; a home that shows only what
+existed, minus those, fails closed for everything new.
+
+`--hide` of a path that does not exist yet works the same way: its nearest existing folder
+is shown entry by entry, so the path can never appear in it.
+
+I/O: listing folders (scandir, lstat, realpath) when a session starts. The bwrap argv is
+sandbox.py's (sandbox.Folder).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pwd
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .sandbox import Folder
+
+log = logging.getLogger("toolsd.home")
+
+# Hidden in every home, whether they exist when the session starts or appear later.
+# Relative to the home; docs/sandbox.md lists them with what they hold.
+SECRETS: tuple[str, ...] = (
+    # keys and cloud credentials
+    ".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".config/gcloud", ".oci",
+    ".config/doctl", ".s3cfg", ".boto", ".config/rclone", ".pulumi", ".fly", ".wrangler",
+    ".vault-token", ".terraform.d/credentials.tfrc.json", ".kaggle", ".huggingface",
+    # forges, registries and package managers
+    ".config/gh", ".config/hub", ".config/glab-cli", ".git-credentials",
+    ".config/git/credentials", ".netrc", ".pgpass", ".npmrc", ".yarnrc", ".yarnrc.yml",
+    ".pypirc", ".cargo/credentials", ".cargo/credentials.toml", ".m2/settings.xml",
+    ".m2/settings-security.xml", ".gradle/gradle.properties", ".gem/credentials",
+    # password stores and keyrings
+    ".password-store", ".config/op", ".local/share/keyrings", ".config/sops",
+    # AI agents' own logins
+    ".claude", ".claude.json", ".codex",
+    # browser profiles
+    ".mozilla", ".config/google-chrome", ".config/chromium", ".config/BraveSoftware",
+    ".config/microsoft-edge",
+    # histories: pasted tokens and passwords end up in them
+    ".bash_history", ".zsh_history", ".zhistory", ".histfile", ".sh_history",
+    ".python_history", ".node_repl_history", ".psql_history", ".mysql_history",
+    ".sqlite_history", ".rediscli_history", ".irb_history", ".lesshst", ".viminfo",
+    ".local/share/nvim/shada", ".local/share/fish/fish_history",
+)
+
+# The session's own, starting empty (not the host's): caches, which tools must be able to
+# write (a read-only ~/.cache fails pip, uv and npm) and which hold tokens too
+# (~/.cache/huggingface/token).
+OWN: tuple[str, ...] = (".cache", ".npm")
+
+# The session's global git config (GIT_CONFIG_GLOBAL), in its home: what `git config
+# --global` writes. It includes the host's ~/.gitconfig and ~/.config/git/config, read-only.
+GIT_CONFIG = ".gitconfig.toolsd"
+
+# Files in the session's home up to this size are copied into it rather than bound (see
+# sandbox.Folder): the copy is the session's, writable, and the host's file is never touched.
+COPY_MAX = 64 * 1024
+
+# Folders that are never shown entry by entry: the sandbox makes its own /proc and /dev.
+_SYSTEM = ("/proc", "/dev")
+
+
+class CannotHide(ValueError):
+    """A path the sandbox cannot hide; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class View:
+    """What a session's sandbox makes of the homes and the hidden paths: the folders shown
+    entry by entry, and the paths covered where they are (a tmpfs over a folder, /dev/null
+    over anything else) because no folder shows them."""
+
+    folders: tuple[Folder, ...]
+    hidden_dirs: tuple[str, ...]
+    hidden_files: tuple[str, ...]
+    home_is_own: bool  # the session has a home folder of its own (False: it is in the workspace)
+
+
+def hidden_names(shown: Iterable[str] = ()) -> tuple[str, ...]:
+    """SECRETS and OWN, less the ones `toolsd serve --show` lets back in (relative paths)."""
+    let_in = set(shown)
+    return tuple(n for n in (*SECRETS, *OWN) if n not in let_in)
+
+
+def ancestors(rels: Iterable[str]) -> set[str]:
+    """Every proper ancestor folder of the relative paths: the folders that must be listed
+    entry by entry so that those paths can be left out. Pure."""
+    out = set()
+    for rel in rels:
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            out.add("/".join(parts[:i]))
+    return out
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or folder == "/" or path.startswith(folder.rstrip("/") + "/")
+
+
+def _rel(path: str, folder: str) -> str:
+    return os.path.relpath(path, folder)
+
+
+def other_homes(own_home: str) -> list[str]:
+    """The homes other than `own_home` that a session could read by default: /root, every
+    folder in /home, and the daemon user's home in the password database (when HOME points
+    elsewhere). Resolved; only existing folders."""
+    candidates = ["/root"]
+    try:
+        candidates.append(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        pass
+    try:
+        with os.scandir("/home") as it:
+            candidates += sorted(e.path for e in it)
+    except OSError:
+        pass
+    found: list[str] = []
+    for c in candidates:
+        real = os.path.realpath(c)
+        if real not in found and real != own_home and real != "/" and os.path.isdir(real):
+            found.append(real)
+    return found
+
+
+def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
+                writable: bool = False, bound: Iterable[str] = ()) -> tuple[Folder, list[str]]:
+    """`path` as a Folder: its entries as they are now, less the `hidden` relative paths
+    (existing or not); `keep` (relative) are bound even where something hidden covers them.
+    In a `writable` one (the session's home) small files are copied, except `bound` ones.
+    Also returns paths outside `path` that hidden symlinks in it lead to: the caller hides
+    those where they are (existing ones).
+
+    A hidden entry that is a symlink leading elsewhere in the folder hides its target too
+    (~/.ssh -> dotfiles/ssh would otherwise show the keys at ~/dotfiles/ssh); so does a
+    listed folder that is one (~/.config -> dotfiles/config: dotfiles/config/gh is hidden).
+    Other symlinks are made as they are: inside the sandbox they lead where the sandbox's
+    view leads, which never holds what is hidden."""
+    omit = {os.path.normpath(h) for h in hidden}
+    read_only = {os.path.normpath(b) for b in bound}
+    outside: set[str] = set()
+    while True:
+        grown = _follow_symlinks(path, omit, outside)
+        if not grown:
+            break
+        omit |= grown
+    expand = ancestors(omit)
+    dirs: list[str] = []
+    binds: list[str] = []
+    copies: list[str] = []
+    symlinks: list[tuple[str, str]] = []
+
+    def visit(rel_dir: str) -> None:
+        folder = os.path.join(path, rel_dir) if rel_dir else path
+        try:
+            it = os.scandir(folder)
+        except OSError as e:
+            # Not listable, yet it must be (something hidden is below it): shown empty. The
+            # session could not list it either, but might have opened names in it.
+            log.warning("%s cannot be listed (%s): sessions see it empty", folder, e)
+            return
+        with it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            rel = os.path.join(rel_dir, entry.name) if rel_dir else entry.name
+            if rel in omit:
+                continue
+            try:
+                if entry.is_symlink():
+                    symlinks.append((os.readlink(entry.path), entry.path))
+                elif entry.is_dir(follow_symlinks=False):
+                    if rel in expand:
+                        dirs.append(entry.path)
+                        visit(rel)
+                    else:
+                        binds.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    small = (writable and rel not in read_only
+                             and entry.stat(follow_symlinks=False).st_size <= COPY_MAX)
+                    (copies if small else binds).append(entry.path)
+                # Sockets, fifos and devices are left out: a socket is a way into a service
+                # (an agent, a daemon), not a file to read.
+            except OSError:
+                continue  # gone while listed
+
+    visit("")
+    for rel in sorted({os.path.normpath(k) for k in keep}):
+        if any(_inside(rel, o) for o in omit):
+            binds.append(os.path.join(path, rel))
+    return (Folder(path=path, writable=writable, dirs=tuple(dirs), binds=tuple(binds),
+                   symlinks=tuple(symlinks), copies=tuple(copies)), sorted(outside))
+
+
+def copy_into(folder: Folder, home_dir: str) -> None:
+    """Copy the files that `folder` (the session's home) holds copies of into `home_dir`,
+    the host folder bound at its path, with their mode and times. A file gone since it
+    was listed is left out, as a bind of it would be."""
+    for src in folder.copies:
+        dest = os.path.join(home_dir, os.path.relpath(src, folder.path))
+        try:
+            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue  # replaced since it was listed
+            chunks, size = [], 0
+            while size <= COPY_MAX and (chunk := os.read(fd, COPY_MAX + 1 - size)):
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        with open(dest, "xb") as out:
+            out.write(b"".join(chunks)[:COPY_MAX])
+        os.chmod(dest, st.st_mode & 0o7777)
+        os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _follow_symlinks(path: str, omit: set[str], outside: set[str]) -> set[str]:
+    """Relative paths to hide as well, because a hidden path, or a folder on the way to one,
+    is a symlink to them; targets outside `path` go to `outside` (existing ones)."""
+    grown: set[str] = set()
+    for rel in sorted(omit | ancestors(omit)):
+        full = os.path.join(path, rel)
+        if not os.path.islink(full):
+            continue
+        target = os.path.realpath(full)
+        below = [o for o in omit if o == rel or o.startswith(rel + "/")]
+        for o in below:
+            dest = os.path.normpath(os.path.join(target, o[len(rel):].lstrip("/")))
+            if _inside(dest, path) and dest != path:
+                new = _rel(dest, path)
+                if new not in omit:
+                    grown.add(new)
+            elif not _inside(dest, path) and os.path.lexists(dest):
+                outside.add(dest)
+    return grown
+
+
+def nearest_existing(path: str) -> str:
+    """The deepest existing folder that `path` (absolute, normalised) lies in or is."""
+    while not os.path.isdir(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def check_hideable(path: str) -> None:
+    """CannotHide if `--hide path` could never work, whatever workspace a session opens:
+    `/`, the sandbox's own /proc and /dev, and a path that does not exist in a folder that
+    cannot be shown entry by entry (/). Run at daemon start."""
+    if path == "/":
+        raise CannotHide("/ cannot be hidden: it would hide the whole system")
+    for system in _SYSTEM:
+        if _inside(path, system):
+            raise CannotHide(f"{path} lies in {system}, which every sandbox replaces with its "
+                             f"own; there is nothing of the host's to hide there")
+    if not os.path.lexists(path) and nearest_existing(path) == "/":
+        raise CannotHide(f"{path} does not exist, and its nearest existing folder is /, which "
+                         f"cannot be shown entry by entry; create {path} (or its folder) "
+                         f"first, then start toolsd")
+
+
+def shown_entry(path: str, home: str) -> str:
+    """The entry of SECRETS or OWN that `toolsd serve --show path` names, relative to the
+    home (`home` resolved); ValueError saying what can be shown otherwise."""
+    real = os.path.realpath(path)
+    for base in (home, os.path.abspath(os.path.expanduser("~"))):
+        for candidate in (os.path.abspath(path), real):
+            if _inside(candidate, base) and candidate != base:
+                rel = _rel(candidate, base)
+                if rel in SECRETS or rel in OWN:
+                    return rel
+    raise ValueError(f"--show {path}: not one of the entries that toolsd hides in the home "
+                     f"folder {home}; --show lets one of those back in (docs/sandbox.md lists "
+                     f"them: {', '.join(SECRETS[:4])}, ...), and everything else of the home "
+                     f"is shown already")
+
+
+def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[str] = (),
+         keep: Iterable[str] = ()) -> View:
+    """The homes and hidden paths of one session's sandbox.
+
+    `home`: the session's HOME, resolved. `hidden`: absolute paths, existing or not (the
+    daemon's folders, /run, --hide). `shown`: entries of SECRETS and OWN to let back into
+    the session's home (not into other homes), relative to it. `keep`: toolsd's own files
+    (the drivers, the interpreter), bound even under a hidden path. Raises CannotHide for
+    a hidden path that does not exist and could only be kept from appearing by changing the
+    workspace."""
+    ws = workspace
+    homes: list[tuple[str, bool]] = []  # (home, the session's own)
+    own_home = os.path.isdir(home) and home != "/" and not _inside(home, ws)
+    if own_home:
+        homes.append((home, True))
+    elif os.path.isdir(home):
+        homes.append((home, False))  # in the workspace (or /): covered where they are
+    homes += [(h, False) for h in other_homes(home)]
+
+    shown_as_folder: dict[str, set[str]] = {}  # folder -> hidden paths in it (relative)
+    writable: dict[str, bool] = {}
+    covered_dirs: list[str] = []
+    covered_files: list[str] = []
+
+    def cover(full: str) -> None:
+        """Hide an existing path where it is (it is in no folder shown entry by entry)."""
+        if os.path.lexists(full):
+            real = os.path.realpath(full)
+            (covered_dirs if os.path.isdir(real) else covered_files).append(real)
+
+    for h, is_own in homes:
+        names = hidden_names(shown if h == home else ())
+        if _inside(h, ws) or not os.access(h, os.R_OK):
+            # In the workspace: the session was opened on it, and sees it as it is, less
+            # what exists of the hidden names. Not listable (but perhaps searchable): the
+            # names that exist are covered one by one.
+            for n in names:
+                cover(os.path.join(h, n))
+            continue
+        shown_as_folder[h] = set(names) | ({GIT_CONFIG} if is_own else set())
+        writable[h] = is_own
+
+    for path in hidden:
+        path = os.path.normpath(path)
+        if _inside(path, "/tmp") and not _inside(path, ws):
+            continue  # the session's /tmp is its own: the host's is out of sight already
+        folder = next((f for f in sorted(shown_as_folder, key=len, reverse=True)
+                       if _inside(path, f) and f != path), None)
+        if folder is not None:
+            shown_as_folder[folder].add(_rel(path, folder))
+        elif os.path.lexists(path):
+            cover(path)
+        else:
+            check_hideable(path)
+            parent = nearest_existing(path)
+            if _inside(parent, ws):
+                raise CannotHide(
+                    f"{path} (toolsd serve --hide) does not exist yet and would appear in "
+                    f"the workspace {ws}, where toolsd cannot keep it from appearing; create "
+                    f"it first (it is then hidden), or open the session on another folder")
+            shown_as_folder.setdefault(parent, set()).add(_rel(path, parent))
+            writable.setdefault(parent, False)
+
+    folders: list[Folder] = []
+    for folder, omit in sorted(shown_as_folder.items()):
+        keep_here = [_rel(k, folder) for k in keep if _inside(k, folder) and k != folder]
+        # What --show lets back in stays read-only: bound, never a copy.
+        shown_folder, outside = show_folder(folder, omit, keep=keep_here,
+                                            writable=writable[folder],
+                                            bound=shown if folder == home else ())
+        if folder == home and own_home:
+            # The session's own caches exist from the start, empty: tools write into them.
+            made = tuple(os.path.join(home, n) for n in OWN if n in names)
+            shown_folder = dataclasses.replace(shown_folder, dirs=made + shown_folder.dirs)
+        folders.append(shown_folder)
+        for target in outside:
+            cover(target)
+    return View(folders=tuple(folders), hidden_dirs=tuple(dict.fromkeys(covered_dirs)),
+                hidden_files=tuple(dict.fromkeys(covered_files)), home_is_own=own_home)
+
+
+def git_config_text(home: str) -> str:
+    """The session's GIT_CONFIG_GLOBAL file: the host's global config files, read as they
+    are (git skips a missing include), then whatever `git config --global` adds."""
+    return ("# The session's own global git config (GIT_CONFIG_GLOBAL), in its home: `git config\n"
+            "# --global` writes here. The host's global config files are read as they are.\n"
+            "[include]\n"
+            f"\tpath = {_git_quote(os.path.join(home, '.config', 'git', 'config'))}\n"
+            f"\tpath = {_git_quote(os.path.join(home, '.gitconfig'))}\n")
+
+
+def _git_quote(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
