@@ -179,6 +179,12 @@ def cmd_status(args) -> int:
         dead = "" if s.get("alive", True) else "  DEAD (its sandbox died)"
         print(f"  {s['session']}  {s['workspace']}  {s['sandbox']}  net={s['network']}  {mode}  "
               f"processes={s['processes']}  repls={s['repls']}{dead}")
+        host_exec = s.get("host_exec") or []
+        if host_exec:
+            print(f"    the host's git would run what this session added "
+                  f"({len(host_exec)}; check before running git there):")
+            for line in host_exec:
+                print(f"      {line}")
     return 0
 
 

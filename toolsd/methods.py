@@ -14,6 +14,7 @@ import trio
 from . import images, processes, repl, shell
 from .protocol import (
     FEATURES,
+    UNSET,
     CancelParams,
     HelloParams,
     HelloResult,
@@ -67,46 +68,47 @@ async def session_list(sup, p: SessionListParams) -> SessionListResult:
                     network=s.network, writable=s.writable,
                     processes=sum(1 for bg in s.processes.values() if bg.running),
                     repls=sum(len(t.repls) for t in s.turns.values()), opened_at=s.opened_at,
-                    alive=s.alive)
+                    alive=s.alive, host_exec=s.host_exec_known() or UNSET)
         for s in sup.sessions.values() if not s.closed
     ])
 
 
 async def turn_begin(sup, p: SessionParams) -> TurnBeginResult:
     with sup.session(p.session).call() as session:
-        return TurnBeginResult(turn=session.begin_turn())
+        return await session.reported(TurnBeginResult(turn=session.begin_turn()))
 
 
 async def turn_end(sup, p: TurnEndParams) -> TurnEndResult:
     with sup.session(p.session).call() as session:
-        return TurnEndResult(repls_stopped=await session.end_turn(p.turn))
+        return await session.reported(TurnEndResult(
+            repls_stopped=await session.end_turn(p.turn)))
 
 
 async def shell_run(sup, p: ShellRunParams):
     with sup.session(p.session).call() as session:
-        return await shell.run(session, p)
+        return await session.reported(await shell.run(session, p))
 
 
 async def repl_exec(sup, p: ReplExecParams):
     with sup.session(p.session).call() as session:
-        return await repl.execute(session, p)
+        return await session.reported(await repl.execute(session, p))
 
 
 async def process_start(sup, p: ProcessStartParams):
     with sup.session(p.session).call() as session:
-        return await processes.start(sup, session, p)
+        return await session.reported(await processes.start(sup, session, p))
 
 
 async def process_output(sup, p: ProcessOutputParams):
     proc = sup.process(p.id)
     with proc.session.call():
-        return await processes.output(proc, p)
+        return await proc.session.reported(await processes.output(proc, p))
 
 
 async def process_stop(sup, p: ProcessStopParams):
     proc = sup.process(p.id)
     with proc.session.call():
-        return await processes.stop(proc, p)
+        return await proc.session.reported(await processes.stop(proc, p))
 
 
 async def process_list(sup, p: ProcessListParams):
@@ -115,7 +117,7 @@ async def process_list(sup, p: ProcessListParams):
 
 async def image_read(sup, p: ImageReadParams):
     with sup.session(p.session).call() as session:
-        return await images.read(session, p)
+        return await session.reported(await images.read(session, p))
 
 
 METHODS = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
@@ -55,6 +55,10 @@ Chars = Annotated[int, Meta(ge=0, le=MAX_OUTPUT_CHARS)]
 MAX_GRACE_S = 300.0
 Env = dict[str, str]
 Network = Literal["none", "host"]
+# 1.1, in every result of a call on a session: the hooks and git settings that the session
+# added to repositories of its workspace and that the host's git would execute
+# (docs/sandbox.md, "What the host would execute"). Left out while there are none.
+HostExec = list[str] | UnsetType
 Language = Literal["python", "node"]
 
 
@@ -125,6 +129,7 @@ class SessionParams(Struct):
 class SessionCloseResult(Struct):
     processes_stopped: int
     repls_stopped: int
+    host_exec: HostExec = UNSET
 
 
 class SessionListParams(Struct):
@@ -141,6 +146,7 @@ class SessionInfo(Struct):
     repls: int
     opened_at: float
     alive: bool = True  # 1.1: false once the session's sandbox died
+    host_exec: HostExec = UNSET  # as of the session's last call
 
 
 class SessionListResult(Struct):
@@ -149,6 +155,7 @@ class SessionListResult(Struct):
 
 class TurnBeginResult(Struct):
     turn: str
+    host_exec: HostExec = UNSET
 
 
 class TurnEndParams(Struct):
@@ -158,6 +165,7 @@ class TurnEndParams(Struct):
 
 class TurnEndResult(Struct):
     repls_stopped: int
+    host_exec: HostExec = UNSET
 
 
 class ShellRunParams(Struct):
@@ -184,6 +192,7 @@ class ShellRunResult(Struct, omit_defaults=True):
     orphans_ended: int
     output_file: str | None = None  # with `spill`, when the output was cut
     cwd_after: str | None = None  # with `report_cwd`, unless the shell was killed
+    host_exec: HostExec = UNSET
 
 
 class ReplExecParams(Struct):
@@ -219,6 +228,7 @@ class ReplExecResult(Struct, omit_defaults=True):
     # Processes the call started that were ended because it timed out or was cancelled (or,
     # when the interpreter had to be killed, the other processes of its tree).
     processes_ended: int = 0
+    host_exec: HostExec = UNSET
 
 
 class ProcessStartParams(Struct):
@@ -237,6 +247,7 @@ class ProcessStartParams(Struct):
 class ProcessStartResult(Struct):
     id: str
     pid: int
+    host_exec: HostExec = UNSET
 
 
 class ProcessOutputParams(Struct):
@@ -258,6 +269,7 @@ class ProcessOutputResult(Struct):
     next: int
     dropped_bytes: int
     truncated: bool
+    host_exec: HostExec = UNSET
 
 
 class ProcessStopParams(Struct):
@@ -272,6 +284,7 @@ class ProcessStopResult(Struct):
     signal: str | None
     ended: int
     survivors: int
+    host_exec: HostExec = UNSET
 
 
 class ProcessListParams(Struct):
@@ -319,6 +332,7 @@ class ImageReadResult(Struct):
     data: bytes
     resized: bool
     original: ImageOriginal
+    host_exec: HostExec = UNSET
 
 
 class CancelParams(Struct):

@@ -70,8 +70,8 @@ import trio
 from . import proctree, threads
 from .launcher import KILL_THREADS
 from .output import HeadTail, Ring
-from .protocol import (BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ReplImage,
-                       ToolsdError)
+from .protocol import (BAD_PARAMS, NOT_FOUND, UNSET, ReplExecParams, ReplExecResult,
+                       ReplImage, ToolsdError)
 from .sentinel import Sentinel, SentinelScanner
 from .session import DRIVER_DIR
 from .shell import KILL_GRACE_S, end_tree, pump, signal_name, spawn_with_pipe
@@ -126,7 +126,7 @@ def start_detached(session, p: ReplExecParams, detached) -> bool:
     answers. False when it needs a task (the turn's first call, a busy REPL)."""
     session.check_open()
     repl = session.turn(p.turn).repls.get(p.language)
-    return repl is not None and repl.start_detached(p, detached)
+    return repl is not None and repl.start_detached(p, detached, session)
 
 
 async def python_executable(session, python3: str) -> str:
@@ -230,7 +230,7 @@ class Repl:
         run.lost_before = lost
         return await run.finish()
 
-    def start_detached(self, p: ReplExecParams, detached) -> bool:
+    def start_detached(self, p: ReplExecParams, detached, session) -> bool:
         """Send `p` to the running interpreter and return, leaving the answer to the task
         that reads its output (see start_detached); False if the REPL is not idle."""
         interp = self._interp
@@ -238,7 +238,12 @@ class Repl:
             return False
         self._lock.acquire_nowait()
         run = self._begin(interp, p, False, time.monotonic())
-        detached.rest = run.finish
+        run.host_exec_now = session.host_exec_now
+
+        async def rest() -> ReplExecResult:
+            return await session.reported(await run.finish())
+
+        detached.rest = rest
         run.detached = detached
         if interp.sent == "all":
             interp.wait_detached(run)
@@ -397,6 +402,7 @@ class _Run:
         self.since = proctree.mark()
         # The interpreter before this fresh one died without an answer saying so.
         self.lost_before = False
+        self.host_exec_now = None  # Session.host_exec_now, for a request without a task
 
     def result(self, status: str, state_lost: bool = False, notice: str = "",
                processes_ended: int = 0) -> ReplExecResult:
@@ -454,7 +460,15 @@ class _Run:
     # Called by the interpreter, for a request without a task.
 
     def sentinel_came(self, ok: bool) -> None:
-        if self.detached.finish(self.result("ok" if ok else "error")):
+        host_exec = self.host_exec_now()
+        if host_exec is None:
+            # The code changed the workspace so that looking at it takes a worker thread,
+            # which the request's task (rest) waits for. It finds the sentinel there.
+            self.needs_task()
+            return
+        result = self.result("ok" if ok else "error")
+        result.host_exec = host_exec or UNSET
+        if self.detached.finish(result):
             self.repl._lock.release()
         # else a task has the request: it finds the sentinel
 

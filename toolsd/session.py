@@ -19,9 +19,16 @@ import uuid
 
 import trio
 
-from . import cgroups, home, sandbox
+from . import cgroups, home, hostexec, sandbox
 from .launcher import Launcher, LauncherError
-from .protocol import BAD_PARAMS, NOT_FOUND, SANDBOX_UNAVAILABLE, SESSION_CLOSED, ToolsdError
+from .protocol import (
+    BAD_PARAMS,
+    NOT_FOUND,
+    SANDBOX_UNAVAILABLE,
+    SESSION_CLOSED,
+    UNSET,
+    ToolsdError,
+)
 from .spill import Spills
 
 log = logging.getLogger("toolsd.session")
@@ -172,6 +179,10 @@ class Session:
         self.ended_why: str | None = None  # why toolsd ended the session by itself
         self._mounts_fd = -1  # the sandbox's /proc/PID/mountinfo (see check_guards)
         self._mounts_poll = None
+        # What the session adds that the host's git would run (None: a read-only workspace).
+        self.host_exec_tracker = hostexec.Tracker(self.workspace) if self.writable else None
+        self._host_exec_lock = trio.Lock()
+        self.repositories_known = trio.Event()  # the baseline is taken: commands may start
         self._guard_dirs: list[str] = []  # guarding mount points that are folders
         self._guard_ids: dict = {}  # path -> (st_dev, st_ino) as the sandbox started
         self.scratch = os.path.join(supervisor.state.scratch, session_id)
@@ -356,6 +367,10 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
+                # The workspace's repositories as they are before any command runs (the
+                # baseline of host_exec): looked at while the sandbox starts, and until
+                # then no command starts (shell.spawn_with_pipe waits).
+                nursery.start_soon(self._watch_repositories)
                 # The folders as the sandbox is about to bind them (see check_guards).
                 self._guard_dirs = [p for p in sandbox.guarding_mounts(self._policy)
                                     if os.path.isdir(p)]
@@ -385,6 +400,10 @@ class Session:
                     await self.launcher.aclose()
                 if self.cgroup is not None:
                     self.cgroup.remove()
+                if self.host_exec_tracker is not None:
+                    # Closing an inotify descriptor waits for the kernel's RCU grace period
+                    # (milliseconds): not on the event loop.
+                    await trio.to_thread.run_sync(self.host_exec_tracker.close)
                 await trio.to_thread.run_sync(shutil.rmtree, self.scratch, True)
                 await trio.to_thread.run_sync(shutil.rmtree, self.home_dir, True)
 
@@ -410,10 +429,13 @@ class Session:
                     if proc.running:
                         stopped += 1
                         n.start_soon(proc.stop, 0.5)
+            # Last look, with nothing of the session running any more.
+            result = await self.reported(SessionCloseResult(processes_stopped=stopped,
+                                                            repls_stopped=repls))
             self._stop.set()
             if self.launcher is not None:
                 await self.launcher.aclose()
-            self.close_result = SessionCloseResult(processes_stopped=stopped, repls_stopped=repls)
+            self.close_result = result
             self._close_done.set()
         return self.close_result
 
@@ -469,6 +491,56 @@ class Session:
                 home.copy_into(folder, self.home_dir)
         with open(os.path.join(self.home_dir, home.GIT_CONFIG), "w") as f:
             f.write(home.git_config_text(self.env["HOME"]))
+
+    # ------------------------------------------------------------ host_exec
+
+    async def _watch_repositories(self) -> None:
+        try:
+            if self.host_exec_tracker is not None:
+                await trio.to_thread.run_sync(self.host_exec_tracker.start)
+        finally:
+            self.repositories_known.set()
+
+    async def take_baseline(self) -> None:
+        """What the workspace holds now is what the session found (a sandbox made ahead,
+        handed to a session: what changed meanwhile is not this session's doing)."""
+        tracker = self.host_exec_tracker
+        if tracker is not None and tracker.changed():  # else the baseline is as it was
+            async with self._host_exec_lock:
+                await trio.to_thread.run_sync(tracker.rebaseline)
+
+    async def host_exec(self) -> list[str]:
+        """What the session added that the host's git would execute (hostexec.Tracker): for
+        every call's result, looked at when the call is over. One poll when nothing in the
+        workspace's folders changed."""
+        tracker = self.host_exec_tracker
+        if tracker is None:
+            return []
+        if tracker.changed() and tracker.update_now() is None:
+            async with self._host_exec_lock:
+                await trio.to_thread.run_sync(tracker.update)
+        return list(tracker.found)
+
+    async def reported(self, result):
+        """`result` with host_exec, looked at now that its call is over: every result of a
+        call on a session carries it (left out while there is nothing)."""
+        result.host_exec = await self.host_exec() or UNSET
+        return result
+
+    def host_exec_now(self) -> list[str] | None:
+        """host_exec() without waiting: None when the workspace changed and looking at it
+        needs a worker thread (then call host_exec)."""
+        tracker = self.host_exec_tracker
+        if tracker is None:
+            return []
+        if tracker.changed() and tracker.update_now() is None:
+            return None
+        return list(tracker.found)
+
+    def host_exec_known(self) -> list[str]:
+        """As of the last look, without looking (session.list)."""
+        tracker = self.host_exec_tracker
+        return [] if tracker is None else list(tracker.found)
 
     # ------------------------------------------------------------ memory
 

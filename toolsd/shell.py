@@ -86,6 +86,10 @@ async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, 
                           extra_fds=(), want_pid: bool = True, held: bool = False):
     """Spawn `argv` in the session with stdin /dev/null and stdout+stderr one pipe.
     Returns (job, read_fd); the caller owns read_fd."""
+    if not session.repositories_known.is_set():
+        # A session opened on a big workspace is handed out while its repositories are
+        # still being looked at: a command now could change what counts as found at open.
+        await session.repositories_known.wait()
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     devnull = open_devnull()
     try:

@@ -138,6 +138,7 @@ class Supervisor:
         spare = self._claim_spare(session)
         if spare is not None:
             spare.adopt(session_id)
+            await spare.take_baseline()
             session = spare
         else:
             error = await self.nursery.start(session.run)

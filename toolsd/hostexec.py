@@ -1,0 +1,465 @@
+"""What in a session's workspace the host's git would execute, that the session added.
+
+A session can write any repository of its workspace except the top-level one's hooks and
+config (read-only: sandbox.py). A hook, or a setting that names a program (gitconfig.py,
+RUNS_CODE), in a repository the session made (`git init`, a clone) or in one below the top
+level runs on the host the next time a person runs git there. These are not made read-only
+as they appear: a mount over them would also keep the session from removing a repository
+it made, or from setting its remote. They are reported instead, in every call's result
+(`host_exec`), so that the agent backend and a person see them before the host's git runs
+them (docs/sandbox.md, "What the host would execute").
+
+How repositories are found without walking the workspace on every call: the workspace is
+walked once when the session starts (its repositories then are the baseline), with an
+inotify watch on every folder; afterwards only the folders that the kernel says changed are
+looked at. The repositories' own folders (the git dir, its hooks/) are watched too, so an
+unchanged workspace costs one poll per call.
+
+Resource handling: a Tracker owns its inotify descriptor; `close()` releases it. Its
+methods do blocking I/O: the session runs `start` and `update` in a worker thread, one at
+a time; `current` and `changed` are cheap and safe from the event loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import select
+import struct
+import threading
+
+from . import gitconfig
+
+log = logging.getLogger("toolsd.hostexec")
+
+_IN_MODIFY = 0x2
+_IN_ATTRIB = 0x4
+_IN_CLOSE_WRITE = 0x8
+_IN_MOVED_FROM = 0x40
+_IN_MOVED_TO = 0x80
+_IN_CREATE = 0x100
+_IN_DELETE = 0x200
+_IN_DELETE_SELF = 0x400
+_IN_Q_OVERFLOW = 0x4000
+_IN_IGNORED = 0x8000
+_IN_ONLYDIR = 0x1000000
+_IN_DONT_FOLLOW = 0x2000000
+_IN_EXCL_UNLINK = 0x4000000
+_IN_ISDIR = 0x40000000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+
+# A folder of the worktree: entries made, moved or removed (not file writes: a build would
+# flood the queue). A git dir or hooks folder: every change.
+_TREE_MASK = (_IN_CREATE | _IN_MOVED_TO | _IN_MOVED_FROM | _IN_DELETE | _IN_DELETE_SELF
+              | _IN_ONLYDIR | _IN_DONT_FOLLOW | _IN_EXCL_UNLINK)
+_GIT_MASK = _TREE_MASK | _IN_MODIFY | _IN_CLOSE_WRITE | _IN_ATTRIB
+_EVENT = struct.Struct("iIII")
+
+# Names whose appearance in a folder may make it a bare repository (or a git dir).
+_GITDIR_NAMES = frozenset({"HEAD", "config", "objects", "refs", "commondir", "gitdir"})
+# Names in a git dir that change what it would run.
+_WATCHED_IN_GITDIR = frozenset({"config", "config.worktree", "hooks", "commondir"})
+# Longest value shown in a report line.
+_VALUE_CHARS = 200
+
+_libc = None
+
+
+def _inotify():
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        _libc = libc
+    return _libc
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def is_gitdir(path: str) -> bool:
+    """A git dir (a `.git` folder, or a bare repository): HEAD, objects/ and refs/, or a
+    linked worktree's (HEAD and commondir)."""
+    return os.path.isfile(os.path.join(path, "HEAD")) and (
+        os.path.isfile(os.path.join(path, "commondir")) or (
+            os.path.isdir(os.path.join(path, "objects"))
+            and os.path.isdir(os.path.join(path, "refs"))))
+
+
+def read_gitfile(path: str) -> str | None:
+    """The git dir that a `.git` file (a submodule's, a linked worktree's) points to,
+    resolved; None if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    first = head.split(b"\n", 1)[0].strip()
+    if not first.startswith(b"gitdir:"):
+        return None
+    target = os.fsdecode(first[len(b"gitdir:"):].strip())
+    return os.path.realpath(os.path.join(os.path.dirname(path), target))
+
+
+def render(value: str | None) -> str:
+    """A setting's value as one line of bounded length: control characters escaped."""
+    if value is None:
+        return "(true)"
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+    return text if len(text) <= _VALUE_CHARS else text[:_VALUE_CHARS] + "..."
+
+
+class _Repo:
+    """One git dir: where its hooks and config are, what they held at the baseline, and
+    what of them is new (report lines)."""
+
+    def __init__(self, gitdir: str):
+        self.gitdir = gitdir
+        self.common = gitdir
+        self.identity: tuple[int, int] | None = None
+        self.lines: list[str] = []
+        self.dirty = True
+        self.locate()
+
+    def locate(self) -> None:
+        try:
+            with open(os.path.join(self.gitdir, "commondir")) as f:
+                self.common = os.path.realpath(os.path.join(self.gitdir, f.read().strip()))
+        except OSError:
+            self.common = self.gitdir
+        try:
+            st = os.stat(self.gitdir)
+            self.identity = (st.st_dev, st.st_ino)
+        except OSError:
+            self.identity = None
+
+    @property
+    def hooks(self) -> str:
+        return os.path.join(self.common, "hooks")
+
+    def config_files(self) -> list[str]:
+        files = [os.path.join(self.common, "config")]
+        files.append(os.path.join(self.gitdir, "config.worktree"))
+        return list(dict.fromkeys(files))
+
+    def items(self) -> dict[tuple, str]:
+        """{comparable item: report line} for everything in it that the host would run.
+        Items compare across a move of the repository (no paths in them)."""
+        found: dict[tuple, str] = {}
+        try:
+            with os.scandir(self.hooks) as it:
+                for e in it:
+                    if e.name.endswith(".sample"):
+                        continue  # git never runs these
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    ident = (e.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+                    found[("hook", *ident)] = e.path
+        except OSError:
+            pass
+        for path in self.config_files():
+            name = os.path.basename(path)
+            try:
+                with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                    text = f.read(4 * 1024 * 1024)
+            except OSError:
+                continue
+            try:
+                entries = gitconfig.parse(text)
+            except gitconfig.ConfigError as e:
+                # git refuses the whole file then ("fatal: bad config line"): nothing of it
+                # runs, but it changed, and a person should look before fixing it on the host.
+                found[("bad", name, str(e))] = f"{path}: cannot be read as git config ({e})"
+                continue
+            for key, value in entries:
+                if gitconfig.runs_code(key, value):
+                    found[("config", name, key, value)] = f"{path}: {key} = {render(value)}"
+        return found
+
+
+class Tracker:
+    """The repositories of one workspace and what the session added to them (see the
+    module's docstring). Built by `start()`, brought up to date by `update()`."""
+
+    def __init__(self, workspace: str):
+        self.workspace = workspace
+        self.found: tuple[str, ...] = ()  # the report: replaced whole, read from any thread
+        self.complete = True  # False once a folder could not be watched (see start)
+        self._fd = -1
+        self._poll = select.poll()
+        self._lock = threading.Lock()
+        self._wd_path: dict[int, str] = {}
+        self._path_wd: dict[str, int] = {}
+        # Watches of git dirs and hooks folders: (repo, a hooks folder: any change counts)
+        self._wd_repo: dict[int, tuple[_Repo, bool]] = {}
+        self._repos: dict[str, _Repo] = {}  # git dir -> repo
+        self._baseline: dict[tuple[int, int], frozenset] = {}  # git dir identity -> items
+        self._new_dirs: list[str] = []
+        self._rescan = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Watch the workspace and take its repositories as they are now as the baseline."""
+        fd = _inotify().inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            self.complete = False
+            log.warning("no inotify for %s (%s): repositories made in it are not reported",
+                        self.workspace, os.strerror(err))
+            return
+        with self._lock:
+            self._fd = fd
+            self._poll.register(fd, select.POLLIN)
+            self._walk(self.workspace)
+            self._settle()
+            self.rebaseline_locked()
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, -1
+            if fd != -1:
+                os.close(fd)
+
+    def rebaseline(self) -> None:
+        """What is there now is the baseline (a sandbox made ahead, handed to a session)."""
+        with self._lock:
+            if self._fd != -1:
+                self._read_events()
+                self._settle()
+            self.rebaseline_locked()
+
+    def rebaseline_locked(self) -> None:
+        self._baseline = {}
+        for repo in self._repos.values():
+            repo.locate()
+            if repo.identity is not None:
+                self._baseline[repo.identity] = frozenset(repo.items())
+            repo.lines = []
+            repo.dirty = False
+        self.found = ()
+
+    # ------------------------------------------------------------ per call
+
+    def changed(self) -> bool:
+        """Whether `update` has anything to do (cheap: one poll, no reading): events not
+        read yet, or read (update_now) and not taken in yet."""
+        return self._fd != -1 and (bool(self._poll.poll(0)) or self._unsettled())
+
+    def _unsettled(self) -> bool:
+        return bool(self._new_dirs) or self._rescan or any(r.dirty for r in self._repos.values())
+
+    def update_now(self) -> tuple[str, ...] | None:
+        """`update` if what changed is cheap to take in (files made or removed: most calls
+        make some), without a worker thread; None if it is not (folders to walk,
+        repositories to read, more events than one read holds), and `update` must run."""
+        if not self._lock.acquire(blocking=False):
+            return None  # an update is running in a thread
+        try:
+            if self._fd == -1:
+                return self.found
+            self._read_events(once=True)
+            if self._unsettled() or self._poll.poll(0):
+                return None
+            return self._report()
+        finally:
+            self._lock.release()
+
+    def update(self) -> tuple[str, ...]:
+        """Take in what changed since the last call; the report (also in `found`)."""
+        with self._lock:
+            if self._fd == -1:
+                return self.found
+            self._read_events()
+            self._settle()
+            for repo in list(self._repos.values()):
+                if repo.dirty:
+                    repo.dirty = False
+                    repo.locate()
+                    if not is_gitdir(repo.gitdir):
+                        self._forget_repo(repo)
+                        continue
+                    base = self._baseline.get(repo.identity, frozenset())
+                    repo.lines = sorted(line for item, line in repo.items().items()
+                                        if item not in base)
+            return self._report()
+
+    def _report(self) -> tuple[str, ...]:
+        self.found = tuple(sorted(line for r in self._repos.values() for line in r.lines))
+        return self.found
+
+    # ------------------------------------------------------------ watching
+
+    def _watch(self, path: str, mask: int) -> int | None:
+        wd = _inotify().inotify_add_watch(self._fd, os.fsencode(path), mask)
+        if wd < 0:
+            err = ctypes.get_errno()
+            if err == errno.ENOSPC and self.complete:
+                self.complete = False
+                log.warning("the inotify watch limit (fs.inotify.max_user_watches) is reached "
+                            "in %s: repositories made below %s are not reported",
+                            self.workspace, path)
+            return None
+        self._wd_path[wd] = path
+        self._path_wd[path] = wd
+        return wd
+
+    def _walk(self, top: str) -> None:
+        """Watch `top` and every folder below it (not into git dirs); note repositories.
+        Folders watched already are walked through (after an overflow: what is not watched
+        yet gets its watch)."""
+        stack = [top]
+        while stack:
+            folder = stack.pop()
+            if folder not in self._path_wd and self._watch(folder, _TREE_MASK) is None:
+                continue
+            below, head = [], False
+            try:
+                with os.scandir(folder) as it:
+                    for e in it:
+                        if e.name == ".git":
+                            self._found_dotgit(e.path)
+                        elif e.is_dir(follow_symlinks=False):
+                            below.append(e.path)
+                        elif e.name == "HEAD":
+                            head = True
+            except OSError:
+                continue
+            if head and is_gitdir(folder):
+                self._add_repo(folder)  # a bare repository: its folders are git's
+                continue
+            stack += below
+
+    def _found_dotgit(self, path: str) -> None:
+        if os.path.isdir(path) and not os.path.islink(path):
+            if is_gitdir(path):
+                self._add_repo(path)
+            elif path not in self._path_wd:
+                self._watch(path, _TREE_MASK)  # made empty: git init may fill it later
+            return
+        gitdir = read_gitfile(path)
+        if gitdir is not None and _inside(gitdir, self.workspace) and is_gitdir(gitdir):
+            self._add_repo(gitdir)
+
+    def _add_repo(self, gitdir: str) -> None:
+        """Note a git dir (again: its hooks folder may be new) and watch its folders."""
+        gitdir = os.path.realpath(gitdir)
+        repo = self._repos.get(gitdir)
+        if repo is None:
+            repo = self._repos[gitdir] = _Repo(gitdir)
+        repo.locate()
+        for folder in dict.fromkeys((repo.gitdir, repo.common, repo.hooks)):
+            known = self._path_wd.get(folder)
+            if (_inside(folder, self.workspace) and os.path.isdir(folder)
+                    and (known is None or known not in self._wd_repo)):
+                wd = self._watch(folder, _GIT_MASK)  # replaces a worktree watch's mask
+                if wd is not None:
+                    self._wd_repo[wd] = (repo, folder == repo.hooks)
+        repo.dirty = True
+
+    def _forget_repo(self, repo: _Repo) -> None:
+        self._repos.pop(repo.gitdir, None)
+        for wd, (r, _hooks) in list(self._wd_repo.items()):
+            if r is repo:
+                del self._wd_repo[wd]
+                self._unwatch(wd)
+
+    def _unwatch(self, wd: int) -> None:
+        path = self._wd_path.pop(wd, None)
+        if path is not None and self._path_wd.get(path) == wd:
+            del self._path_wd[path]
+        if self._fd != -1:
+            _inotify().inotify_rm_watch(self._fd, wd)
+
+    def _forget_below(self, top: str, *, watches: bool) -> None:
+        """A folder moved away or removed: drop the repositories at and below it, and (moved:
+        their paths are stale; removed ones end by themselves, IN_IGNORED) the watches.
+        Moved within the workspace, it comes back as new where it lands."""
+        if watches:
+            for path, wd in list(self._path_wd.items()):
+                if _inside(path, top):
+                    self._wd_repo.pop(wd, None)
+                    self._unwatch(wd)
+        for gitdir, repo in list(self._repos.items()):
+            if _inside(gitdir, top):
+                self._forget_repo(repo)
+
+    def _read_events(self, *, once: bool = False) -> None:
+        while True:
+            try:
+                data = os.read(self._fd, 64 * 1024)
+            except BlockingIOError:
+                return
+            pos = 0
+            while pos + _EVENT.size <= len(data):
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
+                raw = data[pos + _EVENT.size:pos + _EVENT.size + length]
+                pos += _EVENT.size + length
+                self._event(wd, mask, os.fsdecode(raw.rstrip(b"\0")))
+            if once:
+                return
+
+    def _event(self, wd: int, mask: int, name: str) -> None:
+        if mask & _IN_Q_OVERFLOW:
+            self._rescan = True
+            return
+        if mask & _IN_IGNORED:
+            self._wd_repo.pop(wd, None)
+            path = self._wd_path.pop(wd, None)
+            if path is not None and self._path_wd.get(path) == wd:
+                del self._path_wd[path]
+            return
+        owner = self._wd_repo.get(wd)
+        if owner is not None:
+            repo, hooks = owner
+            if hooks or name in _WATCHED_IN_GITDIR:
+                repo.dirty = True
+            if name == "hooks" and mask & (_IN_CREATE | _IN_MOVED_TO):
+                self._new_dirs.append(repo.gitdir)  # watch the new hooks folder
+            if not hooks and mask & _IN_ISDIR and name == "hooks" and mask & (
+                    _IN_MOVED_FROM | _IN_DELETE):
+                repo.dirty = True
+            return
+        folder = self._wd_path.get(wd)
+        if folder is None or not name:
+            return
+        path = os.path.join(folder, name)
+        if mask & (_IN_CREATE | _IN_MOVED_TO):
+            if name == ".git" or mask & _IN_ISDIR:
+                self._new_dirs.append(path)
+            if name in _GITDIR_NAMES:
+                self._new_dirs.append(folder)  # perhaps a bare repository, or .git filled
+        if mask & (_IN_MOVED_FROM | _IN_DELETE) and (mask & _IN_ISDIR or name == ".git"):
+            self._forget_below(path, watches=bool(mask & _IN_MOVED_FROM))
+
+    def _settle(self) -> None:
+        """Look at what the events pointed to: new folders (walked and watched), new `.git`
+        entries, folders that may have become git dirs. After an overflow, everything."""
+        if self._rescan:
+            self._rescan = False
+            self._walk(self.workspace)
+            for repo in self._repos.values():
+                repo.dirty = True
+        todo, self._new_dirs = self._new_dirs, []
+        # Parents first: a .git made and filled since the last look is a repository by the
+        # time its own folders come up, and those are then left alone.
+        for path in sorted(set(todo), key=len):
+            if path in self._repos:
+                self._add_repo(path)
+            elif any(_inside(path, gitdir) for gitdir in self._repos):
+                continue
+            elif os.path.basename(path) == ".git":
+                self._add_repo(path)
+            elif os.path.basename(path) == ".git":
+                self._found_dotgit(path)
+            elif path in self._path_wd:
+                if is_gitdir(path):
+                    self._add_repo(path)
+            elif os.path.isdir(path) and not os.path.islink(path):
+                self._walk(path)
