@@ -224,6 +224,22 @@ def test_git_config_global_is_the_sessions_own_and_reads_the_hosts(daemon, clien
     assert not os.path.exists(os.path.join(daemon.home, home_module.GIT_CONFIG))
 
 
+def test_writing_a_protected_git_config_says_what_to_do(daemon, client):
+    ws = os.path.join(daemon.root, "repo")
+    os.makedirs(ws)
+    subprocess.run(["git", "init", "-q", ws], check=True)
+    s = client.session_open(ws)["session"]
+    r = client.shell_run(s, "git config user.email x@example.com")
+    assert r["exit_code"] != 0
+    last = r["output"].rstrip("\n").split("\n")[-1]
+    assert last.startswith("[toolsd: .git/config is read-only in this sandbox")
+    assert "do not delete" in last and "git -c" in last and "GIT_CONFIG_GLOBAL" in last
+    # The way it names works.
+    r = client.shell_run(s, "git -c user.email=x@example.com config user.email")
+    assert r["output"] == "x@example.com\n"
+    client.session_close(s)
+
+
 def test_hide_a_file_and_a_path_that_does_not_exist_yet(daemon_root):
     shelf = os.path.join(daemon_root, "shelf")
     os.makedirs(shelf)

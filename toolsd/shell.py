@@ -8,6 +8,7 @@ cancel the whole tree is ended and the output so far returned.
 from __future__ import annotations
 
 import os
+import re
 import signal as signal_module
 import time
 
@@ -49,6 +50,30 @@ SHIM_REPORT_S = 1.0
 CWD_TRAP = "trap 'command pwd >&3' EXIT; "
 # At most this much of what reaches fd 3 is kept: a path, and room for one written before it.
 CWD_REPORT_MAX = 8192
+
+
+# git's words when it cannot replace a config file that the sandbox keeps read-only: a
+# rename onto a mount point fails with EBUSY, which reads like a lock held by another git.
+_GIT_CONFIG_REFUSED = re.compile(
+    r"could not (?:write|lock|commit) config file (.+?): "
+    r"(?:Device or resource busy|Read-only file system)")
+
+
+def git_config_notice(output: str, *, global_config: bool) -> str:
+    """A line saying why git could not write a config file and what to do instead, if
+    `output` has git's message for that; else "". `global_config`: the session has its
+    own $GIT_CONFIG_GLOBAL to write to."""
+    found = _GIT_CONFIG_REFUSED.search(output)
+    if found is None:
+        return ""
+    instead = ("`git -c name=value ...`, the GIT_AUTHOR_NAME, GIT_AUTHOR_EMAIL, "
+               "GIT_COMMITTER_NAME and GIT_COMMITTER_EMAIL variables")
+    if global_config:
+        instead += (", or `git config --global name value` (it writes the session's own "
+                    "$GIT_CONFIG_GLOBAL)")
+    return (f"[toolsd: {found[1]} is read-only in this sandbox, because the host's git would "
+            f"run what it says (hooks, core.fsmonitor); nothing is wrong with the repository, "
+            f"so do not delete or re-create .git. Give settings with {instead}]")
 
 
 def signal_name(number: int | None) -> str | None:
@@ -252,7 +277,9 @@ async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str
         raise ToolsdError(SESSION_CLOSED, f"session {session.id}'s sandbox ended while the "
                           f"command ran ({session.launcher.death_reason()}); open a new "
                           f"session")
-    output, truncated = out.result_with(session.memory_note(oom_kills))
+    notes = (session.memory_note(oom_kills),
+             git_config_notice(out.result()[0], global_config=session.home_is_own))
+    output, truncated = out.result_with("\n".join(n for n in notes if n))
     killed = timed_out or job.signal is not None
     return ShellRunResult(
         exit_code=job.exit_code,
