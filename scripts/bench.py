@@ -67,14 +67,15 @@ def timed(fn, n: int, warmup: int = 20) -> list[float]:
 
 
 @contextlib.contextmanager
-def running_daemon(*extra: str):
+def running_daemon(*extra: str, env: dict[str, str] | None = None):
     root = tempfile.mkdtemp(prefix="toolsd-bench-", dir="/tmp")
     # The socket in a folder of its own: sessions may not open workspaces inside it.
     sock = os.path.join(root, "run", "toolsd.sock")
     proc = subprocess.Popen(
         [sys.executable, "-m", "toolsd", "serve", "--socket", sock,
          "--state-dir", os.path.join(root, "state"), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,
+        env={**os.environ, **(env or {})})
     line = proc.stdout.readline().decode()
     if "listening" not in line:
         raise SystemExit(f"toolsd did not start: {line!r}")
@@ -309,6 +310,8 @@ SECTIONS = {
     "processes": section("bench_processes", "bench_processes"),
     "image": section("bench_image", "bench_image"),
     "load": section("bench_load", "bench_load", "sessions", "clients"),
+    "home": section("bench_home", "bench_home"),
+    "big-workspace": section("bench_home", "bench_big_workspace"),
 }
 
 
