@@ -33,6 +33,7 @@ def fake_home(tmp_path):
     touch(h / ".config" / "git" / "credentials", "GIT-CRED\n")
     touch(h / ".config" / "git" / "config", "[user]\n")
     touch(h / ".config" / "pip" / "pip.conf")
+    touch(h / ".pyenv" / "lib" / "mod.py")
     touch(h / ".local" / "bin" / "tool")
     touch(h / ".local" / "share" / "keyrings" / "login.keyring", "RING\n")
     touch(h / ".local" / "share" / "app" / "data")
@@ -46,17 +47,37 @@ def test_ancestors_are_the_folders_on_the_way():
 
 
 def test_a_folder_with_a_secret_below_is_listed_down_to_it(fake_home):
-    touch(os.path.join(fake_home, "big.log"), "x" * (home.COPY_MAX + 1))
+    touch(os.path.join(fake_home, "big.log"), "x" * (home.COPY_FILE_MAX + 1))
     folder, outside = show_folder(fake_home, home.SECRETS, writable=True, bound=[".bashrc"])
     rel = lambda paths: sorted(os.path.relpath(p, fake_home) for p in paths)  # noqa: E731
     assert rel(folder.dirs) == [".config", ".config/git", ".local", ".local/share"]
+    # Small files are the session's copies; what is bigger, or let back in with --show
+    # (`bound`), is bound, as folders are.
     assert rel(folder.binds) == [".bashrc", ".config/pip", ".local/bin", ".local/share/app",
-                                 "big.log", "proj"]
-    assert rel(folder.copies) == [".config/git/config"]  # small files: the session's copies
+                                 ".pyenv", "big.log", "proj"]
+    assert rel(folder.copies) == [".config/git/config"]
     assert folder.writable and outside == []
     # A read-only folder (another home) copies nothing: it is a tmpfs made read-only.
     other, _ = show_folder(fake_home, home.SECRETS)
     assert other.copies == () and f"{fake_home}/.config/git/config" in other.binds
+
+
+def test_copies_keep_modes_and_times_and_their_state_says_when_they_change(
+        fake_home, tmp_path):
+    config = os.path.join(fake_home, ".config", "git", "config")
+    os.chmod(config, 0o640)
+    folder, _ = show_folder(fake_home, home.SECRETS, writable=True)
+    dest = tmp_path / "copy"
+    dest.mkdir()
+    home.copy_into(folder, str(dest))
+    copied = dest / ".config" / "git" / "config"
+    assert copied.read_text() == "[user]\n"
+    assert os.stat(copied).st_mode & 0o777 == 0o640
+    assert os.stat(copied).st_mtime_ns == os.stat(config).st_mtime_ns
+    before = home.copies_state(folder.copies)
+    assert home.copies_state(folder.copies) == before
+    touch(config, "[user]\n\tname = changed\n")
+    assert home.copies_state(folder.copies) != before
 
 
 def test_symlinks_are_made_and_hidden_ones_hide_their_targets(fake_home, tmp_path):
@@ -181,7 +202,7 @@ def test_a_sandbox_made_from_the_plan_shows_no_secret_even_one_made_later(
     touch(os.path.join(other, ".netrc"), "LATER-NETRC\n")
     script = ("grep -rh . ~ " + str(other) + " 2>/dev/null; echo made > ~/.cache/x; "
               "echo more >> ~/.bashrc && echo bashrc-copy; "
-              "echo x > ~/.config/pip/new 2>/dev/null || echo pip-ro; "
+              "echo x > ~/.pyenv/new 2>/dev/null || echo pyenv-ro; "
               f"echo x > {other}/new 2>/dev/null || echo other-ro; echo mine > main2.py")
     proc = subprocess.run(bwrap_argv(policy, bwrap=shutil.which("bwrap"))
                           + ["bash", "-c", script], capture_output=True, text=True, timeout=60)
@@ -189,7 +210,7 @@ def test_a_sandbox_made_from_the_plan_shows_no_secret_even_one_made_later(
     for secret in ("NPM-TOKEN", "KEY", "GH-TOKEN", "GIT-CRED", "RING", "LATER-", "OTHER-PYPI"):
         assert secret not in proc.stdout, secret
     assert "OTHER-PROFILE" in proc.stdout and "[user]" in proc.stdout
-    assert "bashrc-copy" in proc.stdout and "pip-ro" in proc.stdout and "other-ro" in proc.stdout
+    assert "bashrc-copy" in proc.stdout and "pyenv-ro" in proc.stdout and "other-ro" in proc.stdout
     assert open(os.path.join(fake_home, ".bashrc")).read() == "x\n"  # the host's: untouched
     assert (own / ".cache" / "x").read_text() == "made\n"  # the session's home: its scratch
     assert not os.path.exists(os.path.join(fake_home, ".cache"))

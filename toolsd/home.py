@@ -68,9 +68,13 @@ OWN: tuple[str, ...] = (".cache", ".npm")
 # --global` writes. It includes the host's ~/.gitconfig and ~/.config/git/config, read-only.
 GIT_CONFIG = ".gitconfig.toolsd"
 
-# Files in the session's home up to this size are copied into it rather than bound (see
-# sandbox.Folder): the copy is the session's, writable, and the host's file is never touched.
-COPY_MAX = 64 * 1024
+# The session's home gets copies of the host's files up to COPY_FILE_MAX, all of them
+# together up to COPY_TOTAL_BYTES, rather than binds (see sandbox.Folder: every bind makes
+# bwrap read the whole mount table again). A copy is the session's, writable; the host's
+# file is never touched. Folders are bound: finding the small ones would take a walk of each
+# at every session.open.
+COPY_FILE_MAX = 64 * 1024
+COPY_TOTAL_BYTES = 4 * 1024 * 1024
 
 # Folders that are never shown entry by entry: the sandbox makes its own /proc and /dev.
 _SYSTEM = ("/proc", "/dev")
@@ -165,6 +169,18 @@ def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
     binds: list[str] = []
     copies: list[str] = []
     symlinks: list[tuple[str, str]] = []
+    budget = COPY_TOTAL_BYTES
+
+    def copied(entry: os.DirEntry, rel: str) -> bool:
+        """Whether the file `entry` is copied rather than bound (and its size charged)."""
+        nonlocal budget
+        if rel in read_only:
+            return False
+        size = entry.stat(follow_symlinks=False).st_size
+        if size > COPY_FILE_MAX or size > budget:
+            return False
+        budget -= size
+        return True
 
     def visit(rel_dir: str) -> None:
         folder = os.path.join(path, rel_dir) if rel_dir else path
@@ -191,9 +207,7 @@ def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
                     else:
                         binds.append(entry.path)
                 elif entry.is_file(follow_symlinks=False):
-                    small = (writable and rel not in read_only
-                             and entry.stat(follow_symlinks=False).st_size <= COPY_MAX)
-                    (copies if small else binds).append(entry.path)
+                    (copies if writable and copied(entry, rel) else binds).append(entry.path)
                 # Sockets, fifos and devices are left out: a socket is a way into a service
                 # (an agent, a daemon), not a file to read.
             except OSError:
@@ -209,8 +223,9 @@ def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
 
 def copy_into(folder: Folder, home_dir: str) -> None:
     """Copy the files that `folder` (the session's home) holds copies of into `home_dir`,
-    the host folder bound at its path, with their mode and times. A file gone since it
-    was listed is left out, as a bind of it would be."""
+    the host folder bound at its path, with their modes and times. A file gone since it was
+    listed is left out, as a bind of it would be; one that grew is copied up to
+    COPY_FILE_MAX."""
     for src in folder.copies:
         dest = os.path.join(home_dir, os.path.relpath(src, folder.path))
         try:
@@ -222,16 +237,29 @@ def copy_into(folder: Folder, home_dir: str) -> None:
             if not stat.S_ISREG(st.st_mode):
                 continue  # replaced since it was listed
             chunks, size = [], 0
-            while size <= COPY_MAX and (chunk := os.read(fd, COPY_MAX + 1 - size)):
+            while size < COPY_FILE_MAX and (chunk := os.read(fd, COPY_FILE_MAX - size)):
                 chunks.append(chunk)
                 size += len(chunk)
         finally:
             os.close(fd)
         os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
         with open(dest, "xb") as out:
-            out.write(b"".join(chunks)[:COPY_MAX])
+            out.write(b"".join(chunks))
         os.chmod(dest, st.st_mode & 0o7777)
         os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def copies_state(paths) -> tuple:
+    """What copies of `paths` would hold, as far as a stat says: for a sandbox made ahead,
+    to be compared with the host's files as they are now."""
+    out = []
+    for path in paths:
+        try:
+            st = os.lstat(path)
+            out.append((path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode))
+        except OSError:
+            out.append((path,))
+    return tuple(out)
 
 
 def _follow_symlinks(path: str, omit: set[str], outside: set[str]) -> set[str]:

@@ -73,19 +73,6 @@ def _identities(paths) -> tuple[tuple[str, int | None, int | None], ...]:
     return tuple(ids)
 
 
-def _contents(paths) -> tuple[tuple[str, int, int, int] | tuple[str], ...]:
-    """What a copy of each file would hold, as far as a stat says: (path, inode, size,
-    mtime), or (path,) for one that is not there."""
-    out = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-            out.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
-        except OSError:
-            out.append((path,))
-    return tuple(out)
-
-
 def _read_all(fd: int) -> bytes:
     os.lseek(fd, 0, os.SEEK_SET)
     chunks = []
@@ -276,7 +263,7 @@ class Session:
         return (_identities((p.workspace, *p.hidden_dirs, *p.hidden_files, *p.protected,
                              *p.pinned, *(f.path for f in p.folders),
                              *sandbox.folder_entries(p))),
-                _contents(sandbox.folder_copies(p)))
+                home.copies_state(sandbox.folder_copies(p)))
 
     @property
     def guarded(self) -> bool:
