@@ -16,10 +16,13 @@ scripts/bench.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import statistics
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -88,19 +91,25 @@ def sandbox_mounts(c: Client, workspace: str) -> int:
         c.session_close(s)
 
 
-def home_figures(home: str, workspace: str, n: int) -> dict[str, float]:
-    env = {"HOME": home}
-    with running_daemon(env=env) as (sock, _root, _proc):
-        with Client(sock) as c:
-            warm = open_sessions(c, workspace, pause_s=1.0)
-            s = c.session_open(workspace)["session"]
-            run = stats(timed(lambda: c.shell_run(s, "true"), n))[0]
-            c.session_close(s)
-    with running_daemon("--no-warm-spare", env=env) as (sock, _root, _proc):
-        with Client(sock) as c:
-            cold = open_sessions(c, workspace, pause_s=0)
-            mounts = sandbox_mounts(c, workspace)
-    return {"cold": cold[0], "warm": warm[0], "run": run, "mounts": mounts}
+def paired_opens(workspace: str, homes: dict[str, str], rounds: int, pause_s: float,
+                 *extra: str) -> dict[str, float]:
+    """Median session.open of a daemon per home, the daemons taking turns (one open each per
+    round), so that both see the same load on a shared machine."""
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for name, home in homes.items():
+            sock, _root, _proc = stack.enter_context(running_daemon(*extra, env={"HOME": home}))
+            clients[name] = stack.enter_context(Client(sock))
+        times: dict[str, list[float]] = {name: [] for name in homes}
+        for _ in range(rounds):
+            for name, c in clients.items():
+                time.sleep(pause_s)
+                t = time.perf_counter()
+                s = c.session_open(workspace)["session"]
+                times[name].append(time.perf_counter() - t)
+                c.shell_run(s, "true")
+                c.session_close(s)
+        return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def bench_home() -> None:
@@ -110,16 +119,24 @@ def bench_home() -> None:
         for folder in (empty, ws):
             os.makedirs(folder)
         realistic_home(full)
-        anchor = home_figures(empty, ws, 200)
-        figures = home_figures(full, ws, 200)
+        homes = {"empty": empty, "full": full}
+        cold = paired_opens(ws, homes, 15, 0.3, "--no-warm-spare")
+        warm = paired_opens(ws, homes, 10, 1.0)
+        mounts, runs = {}, {}
+        for name, home in homes.items():
+            with running_daemon("--no-warm-spare", env={"HOME": home}) as (sock, _root, _proc):
+                with Client(sock) as c:
+                    mounts[name] = sandbox_mounts(c, ws)
+                    s = c.session_open(ws)["session"]
+                    runs[name] = stats(timed(lambda: c.shell_run(s, "true"), 200))[0]
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    for key, name in (("cold", "session.open, cold"), ("warm", "session.open taking the spare"),
-                      ("run", "shell.run('true'), median")):
-        report(f"{name}, 100-entry home", ms(figures[key]),
-               anchor=f"empty home {ms(anchor[key])}", ratio=figures[key] / anchor[key])
-    report("mounts in a session's sandbox, 100-entry home", f"{figures['mounts']:8d}",
-           anchor=f"empty home {anchor['mounts']}")
+    for name, figures in (("session.open, cold", cold), ("session.open taking the spare", warm),
+                          ("shell.run('true'), median", runs)):
+        report(f"{name}, 100-entry home", ms(figures["full"]),
+               anchor=f"empty home {ms(figures['empty'])}", ratio=figures["full"] / figures["empty"])
+    report("mounts in a session's sandbox, 100-entry home", f"{mounts['full']:8d}",
+           anchor=f"empty home {mounts['empty']}")
 
 
 def big_workspace(path: str, files: int = 50_000, per_folder: int = 10) -> None:
