@@ -114,3 +114,38 @@ def test_what_is_there_when_rebaselined_is_not_reported(ws, tracker):
     git("-C", os.path.join(ws, "r"), "config", "core.pager", "p")
     tracker.rebaseline()
     assert tracker.update() == ()
+
+
+def test_what_the_session_makes_cannot_hang_the_look_nor_lead_it_out(ws, tracker, tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "hooks").mkdir(parents=True)
+    (outside / "hooks" / "secret-name").write_text("x")
+    (outside / "config").write_text("[core]\n\tfsmonitor = host-only\n")
+    r = os.path.join(ws, "r")
+    git("init", "-q", r)
+    gitdir = os.path.join(r, ".git")
+    os.remove(os.path.join(gitdir, "config"))
+    os.mkfifo(os.path.join(gitdir, "config"))  # an open of it would wait for a writer
+    shutil.rmtree(os.path.join(gitdir, "hooks"))
+    os.symlink(str(outside / "hooks"), os.path.join(gitdir, "hooks"))
+    os.symlink(str(outside / "config"), os.path.join(gitdir, "config.worktree"))
+    with open(os.path.join(gitdir, "commondir"), "w") as f:
+        f.write(str(outside) + "\n")  # out of the workspace: not followed
+    found = tracker.update()
+    assert found == (f"{gitdir}/config.worktree -> {outside}/config",
+                     f"{gitdir}/hooks -> {outside}/hooks")
+    assert not any("secret-name" in line or "host-only" in line for line in found)
+
+
+def test_past_the_watch_limit_the_report_says_it_is_incomplete(ws, monkeypatch):
+    from toolsd import hostexec
+
+    monkeypatch.setattr(hostexec, "MAX_WATCHES", 5)
+    for i in range(10):
+        os.makedirs(os.path.join(ws, f"d{i}"))
+    t = Tracker(ws)
+    t.start()
+    try:
+        assert len(t.found) == 1 and "not every folder" in t.found[0]
+    finally:
+        t.close()

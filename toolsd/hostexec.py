@@ -22,11 +22,13 @@ a time; `current` and `changed` are cheap and safe from the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
 import os
 import select
+import stat
 import struct
 import threading
 
@@ -64,6 +66,14 @@ _GITDIR_NAMES = frozenset({"HEAD", "config", "objects", "refs", "commondir", "gi
 _WATCHED_IN_GITDIR = frozenset({"config", "config.worktree", "hooks", "commondir"})
 # Longest value shown in a report line.
 _VALUE_CHARS = 200
+# Most of a config file read (git reads more, but a session making one this big is worth a
+# look anyway: its beginning is reported).
+CONFIG_MAX = 4 * 1024 * 1024
+# Most folders watched for one session. Watches are the user's (fs.inotify.max_user_watches,
+# shared by every program of the daemon's user): a session making folders without end must
+# not take them all. Past it, what is made below folders not watched is not seen, and the
+# report says so.
+MAX_WATCHES = 50_000
 
 _libc = None
 
@@ -90,13 +100,32 @@ def is_gitdir(path: str) -> bool:
             and os.path.isdir(os.path.join(path, "refs"))))
 
 
+def read_file(path: str, limit: int) -> bytes | None:
+    """Up to `limit` bytes of the regular file at `path`, or None: not there, a symlink, a
+    fifo (whose open would wait for a writer: the session makes these files), unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, size = [], 0
+        while size < limit and (chunk := os.read(fd, limit - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_gitfile(path: str) -> str | None:
     """The git dir that a `.git` file (a submodule's, a linked worktree's) points to,
     resolved; None if it is not one."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
+    head = read_file(path, 4096)
+    if head is None:
         return None
     first = head.split(b"\n", 1)[0].strip()
     if not first.startswith(b"gitdir:"):
@@ -114,11 +143,14 @@ def render(value: str | None) -> str:
 
 
 class _Repo:
-    """One git dir: where its hooks and config are, what they held at the baseline, and
-    what of them is new (report lines)."""
+    """One git dir: where its hooks and config are, and what of them is new since the
+    baseline (report lines). What it reads is the session's to make: a fifo, a symlink out
+    of the workspace or a huge file must neither hang nor reveal what the session cannot
+    read, so nothing is followed out of the workspace."""
 
-    def __init__(self, gitdir: str):
+    def __init__(self, gitdir: str, workspace: str):
         self.gitdir = gitdir
+        self.workspace = workspace
         self.common = gitdir
         self.identity: tuple[int, int] | None = None
         self.lines: list[str] = []
@@ -126,11 +158,12 @@ class _Repo:
         self.locate()
 
     def locate(self) -> None:
-        try:
-            with open(os.path.join(self.gitdir, "commondir")) as f:
-                self.common = os.path.realpath(os.path.join(self.gitdir, f.read().strip()))
-        except OSError:
-            self.common = self.gitdir
+        commondir = read_file(os.path.join(self.gitdir, "commondir"), 4096)
+        self.common = self.gitdir
+        if commondir is not None:
+            common = os.path.realpath(os.path.join(self.gitdir, os.fsdecode(commondir.strip())))
+            if _inside(common, self.workspace):
+                self.common = common
         try:
             st = os.stat(self.gitdir)
             self.identity = (st.st_dev, st.st_ino)
@@ -142,36 +175,46 @@ class _Repo:
         return os.path.join(self.common, "hooks")
 
     def config_files(self) -> list[str]:
-        files = [os.path.join(self.common, "config")]
-        files.append(os.path.join(self.gitdir, "config.worktree"))
-        return list(dict.fromkeys(files))
+        return list(dict.fromkeys((os.path.join(self.common, "config"),
+                                   os.path.join(self.gitdir, "config.worktree"))))
+
+    def _followed(self, path: str, found: dict) -> str | None:
+        """`path`, or where it leads if it is a symlink (which is reported): None when that
+        is out of the workspace (not looked into: the session cannot write there, and must
+        not learn through us what is there)."""
+        if not os.path.islink(path):
+            return path
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return None
+        found[("symlink", os.path.basename(path), target)] = f"{path} -> {render(target)}"
+        real = os.path.realpath(path)
+        return real if _inside(real, self.workspace) else None
 
     def items(self) -> dict[tuple, str]:
         """{comparable item: report line} for everything in it that the host would run.
         Items compare across a move of the repository (no paths in them)."""
         found: dict[tuple, str] = {}
+        hooks = self._followed(self.hooks, found)
         try:
-            with os.scandir(self.hooks) as it:
+            with os.scandir(hooks) if hooks else contextlib.nullcontext(()) as it:
                 for e in it:
                     if e.name.endswith(".sample"):
                         continue  # git never runs these
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
+                    st = e.stat(follow_symlinks=False)
                     ident = (e.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
-                    found[("hook", *ident)] = e.path
+                    found[("hook", *ident)] = os.path.join(self.hooks, e.name)
         except OSError:
             pass
         for path in self.config_files():
             name = os.path.basename(path)
-            try:
-                with open(path, encoding="utf-8", errors="surrogateescape") as f:
-                    text = f.read(4 * 1024 * 1024)
-            except OSError:
+            real = self._followed(path, found)
+            data = read_file(real, CONFIG_MAX) if real else None
+            if data is None:
                 continue
             try:
-                entries = gitconfig.parse(text)
+                entries = gitconfig.parse(data.decode("utf-8", "surrogateescape"))
             except gitconfig.ConfigError as e:
                 # git refuses the whole file then ("fatal: bad config line"): nothing of it
                 # runs, but it changed, and a person should look before fixing it on the host.
@@ -209,10 +252,8 @@ class Tracker:
         """Watch the workspace and take its repositories as they are now as the baseline."""
         fd = _inotify().inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
-            err = ctypes.get_errno()
-            self.complete = False
-            log.warning("no inotify for %s (%s): repositories made in it are not reported",
-                        self.workspace, os.strerror(err))
+            self._incomplete(f"no inotify ({os.strerror(ctypes.get_errno())})", self.workspace)
+            self._report()
             return
         with self._lock:
             self._fd = fd
@@ -243,7 +284,7 @@ class Tracker:
                 self._baseline[repo.identity] = frozenset(repo.items())
             repo.lines = []
             repo.dirty = False
-        self.found = ()
+        self._report()
 
     # ------------------------------------------------------------ per call
 
@@ -291,24 +332,35 @@ class Tracker:
             return self._report()
 
     def _report(self) -> tuple[str, ...]:
-        self.found = tuple(sorted(line for r in self._repos.values() for line in r.lines))
+        lines = sorted(line for r in self._repos.values() for line in r.lines)
+        if not self.complete:
+            lines.append(f"[toolsd: not every folder of {self.workspace} is watched (too many; "
+                         f"the daemon's log says which): hooks and settings in repositories "
+                         f"made there are not listed here]")
+        self.found = tuple(lines)
         return self.found
 
     # ------------------------------------------------------------ watching
 
     def _watch(self, path: str, mask: int) -> int | None:
+        if len(self._wd_path) >= MAX_WATCHES:
+            self._incomplete(f"more than {MAX_WATCHES} folders", path)
+            return None
         wd = _inotify().inotify_add_watch(self._fd, os.fsencode(path), mask)
         if wd < 0:
-            err = ctypes.get_errno()
-            if err == errno.ENOSPC and self.complete:
-                self.complete = False
-                log.warning("the inotify watch limit (fs.inotify.max_user_watches) is reached "
-                            "in %s: repositories made below %s are not reported",
-                            self.workspace, path)
+            if ctypes.get_errno() == errno.ENOSPC:
+                self._incomplete("the user's inotify watches (fs.inotify.max_user_watches) "
+                                 "all taken", path)
             return None
         self._wd_path[wd] = path
         self._path_wd[path] = wd
         return wd
+
+    def _incomplete(self, why: str, path: str) -> None:
+        if self.complete:
+            self.complete = False
+            log.warning("%s: %s; what is made below %s and other folders not watched is not "
+                        "reported", self.workspace, why, path)
 
     def _walk(self, top: str) -> None:
         """Watch `top` and every folder below it (not into git dirs); note repositories.
@@ -352,7 +404,7 @@ class Tracker:
         gitdir = os.path.realpath(gitdir)
         repo = self._repos.get(gitdir)
         if repo is None:
-            repo = self._repos[gitdir] = _Repo(gitdir)
+            repo = self._repos[gitdir] = _Repo(gitdir, self.workspace)
         repo.locate()
         for folder in dict.fromkeys((repo.gitdir, repo.common, repo.hooks)):
             known = self._path_wd.get(folder)
