@@ -160,30 +160,51 @@ def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
     read_only = {os.path.normpath(b) for b in bound}
     outside: set[str] = set()
     while True:
-        grown = _follow_symlinks(path, omit, outside)
+        listing = _Listing(path, omit, read_only, writable)
+        # Rarely more than once: only symlinks at hidden paths, or on the way to them.
+        grown = _follow_symlinks(path, omit, listing.linked, outside)
         if not grown:
             break
         omit |= grown
-    expand = ancestors(omit)
-    dirs: list[str] = []
-    binds: list[str] = []
-    copies: list[str] = []
-    symlinks: list[tuple[str, str]] = []
-    budget = COPY_TOTAL_BYTES
+    binds = list(listing.binds)
+    for rel in sorted({os.path.normpath(k) for k in keep}):
+        if any(_inside(rel, o) for o in omit):
+            binds.append(os.path.join(path, rel))
+    return (Folder(path=path, writable=writable, dirs=tuple(listing.dirs), binds=tuple(binds),
+                   symlinks=tuple(listing.symlinks), copies=tuple(listing.copies)),
+            sorted(outside))
 
-    def copied(entry: os.DirEntry, rel: str) -> bool:
+
+class _Listing:
+    """The entries of a folder shown entry by entry (see show_folder), and `linked`: the
+    hidden paths, or folders on the way to them, that are symlinks."""
+
+    def __init__(self, path: str, omit: set[str], read_only: set[str], writable: bool):
+        self.path = path
+        self.omit = omit
+        self.expand = ancestors(omit)
+        self.read_only = read_only
+        self.writable = writable
+        self.budget = COPY_TOTAL_BYTES
+        self.dirs: list[str] = []
+        self.binds: list[str] = []
+        self.copies: list[str] = []
+        self.symlinks: list[tuple[str, str]] = []
+        self.linked: list[str] = []
+        self._visit("")
+
+    def _copied(self, entry: os.DirEntry, rel: str) -> bool:
         """Whether the file `entry` is copied rather than bound (and its size charged)."""
-        nonlocal budget
-        if rel in read_only:
+        if not self.writable or rel in self.read_only:
             return False
         size = entry.stat(follow_symlinks=False).st_size
-        if size > COPY_FILE_MAX or size > budget:
+        if size > COPY_FILE_MAX or size > self.budget:
             return False
-        budget -= size
+        self.budget -= size
         return True
 
-    def visit(rel_dir: str) -> None:
-        folder = os.path.join(path, rel_dir) if rel_dir else path
+    def _visit(self, rel_dir: str) -> None:
+        folder = os.path.join(self.path, rel_dir) if rel_dir else self.path
         try:
             it = os.scandir(folder)
         except OSError as e:
@@ -195,30 +216,26 @@ def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
             rel = os.path.join(rel_dir, entry.name) if rel_dir else entry.name
-            if rel in omit:
-                continue
             try:
                 if entry.is_symlink():
-                    symlinks.append((os.readlink(entry.path), entry.path))
+                    if rel in self.omit or rel in self.expand:
+                        self.linked.append(rel)
+                    if rel not in self.omit:
+                        self.symlinks.append((os.readlink(entry.path), entry.path))
+                elif rel in self.omit:
+                    continue
                 elif entry.is_dir(follow_symlinks=False):
-                    if rel in expand:
-                        dirs.append(entry.path)
-                        visit(rel)
+                    if rel in self.expand:
+                        self.dirs.append(entry.path)
+                        self._visit(rel)
                     else:
-                        binds.append(entry.path)
+                        self.binds.append(entry.path)
                 elif entry.is_file(follow_symlinks=False):
-                    (copies if writable and copied(entry, rel) else binds).append(entry.path)
+                    (self.copies if self._copied(entry, rel) else self.binds).append(entry.path)
                 # Sockets, fifos and devices are left out: a socket is a way into a service
                 # (an agent, a daemon), not a file to read.
             except OSError:
                 continue  # gone while listed
-
-    visit("")
-    for rel in sorted({os.path.normpath(k) for k in keep}):
-        if any(_inside(rel, o) for o in omit):
-            binds.append(os.path.join(path, rel))
-    return (Folder(path=path, writable=writable, dirs=tuple(dirs), binds=tuple(binds),
-                   symlinks=tuple(symlinks), copies=tuple(copies)), sorted(outside))
 
 
 def copy_into(folder: Folder, home_dir: str) -> None:
@@ -262,15 +279,14 @@ def copies_state(paths) -> tuple:
     return tuple(out)
 
 
-def _follow_symlinks(path: str, omit: set[str], outside: set[str]) -> set[str]:
-    """Relative paths to hide as well, because a hidden path, or a folder on the way to one,
-    is a symlink to them; targets outside `path` go to `outside` (existing ones)."""
+def _follow_symlinks(path: str, omit: set[str], linked: list[str],
+                     outside: set[str]) -> set[str]:
+    """Relative paths to hide as well, because `linked` (hidden paths, or folders on the way
+    to them, that are symlinks) lead to them; targets outside `path` go to `outside`
+    (existing ones)."""
     grown: set[str] = set()
-    for rel in sorted(omit | ancestors(omit)):
-        full = os.path.join(path, rel)
-        if not os.path.islink(full):
-            continue
-        target = os.path.realpath(full)
+    for rel in linked:
+        target = os.path.realpath(os.path.join(path, rel))
         below = [o for o in omit if o == rel or o.startswith(rel + "/")]
         for o in below:
             dest = os.path.normpath(os.path.join(target, o[len(rel):].lstrip("/")))

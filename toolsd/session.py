@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import select
@@ -81,6 +82,7 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+@functools.cache
 def own_files() -> tuple[str, ...]:
     """toolsd's own files that the sandbox needs: the drivers, and the interpreter the
     launcher runs on (its prefix, the venv's and the base installation's)."""
