@@ -306,3 +306,24 @@ def test_what_cannot_be_hidden_or_shown_stops_the_daemon_saying_why(daemon_root,
                           env={**os.environ, "HOME": daemon_root})
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert not os.path.exists(sock)
+
+
+def test_a_workspace_in_the_home_is_writable_and_the_secrets_around_it_stay_hidden(
+        daemon, client):
+    # Made before the session: the home shows what it had at open, the workspace on top.
+    proj = os.path.join(daemon.home, "proj")
+    os.makedirs(proj, exist_ok=True)
+    s = client.session_open(proj)["session"]
+    r = client.shell_run(s, "echo made > made.txt && cat ~/.npmrc ~/.ssh/token; echo rc=$?")
+    assert "OPEN-TOKEN" not in r["output"] and r["output"].endswith("rc=1\n")
+    with open(os.path.join(proj, "made.txt")) as f:
+        assert f.read() == "made\n"
+    client.session_close(s)
+
+
+def test_a_session_opened_on_its_home_sees_it_as_it_is_less_the_secrets(daemon, client):
+    s = client.session_open(daemon.home)["session"]
+    r = client.shell_run(s, "cat notes.txt; cat .npmrc .ssh/token 2>&1 | grep -c TOKEN; "
+                            "echo ${GIT_CONFIG_GLOBAL-none}")
+    assert r["output"] == "PUBLIC-NOTE\n0\nnone\n"
+    client.session_close(s)
