@@ -487,6 +487,9 @@ class Session:
         try:
             if self.host_exec_tracker is not None:
                 await trio.to_thread.run_sync(self.host_exec_tracker.start)
+        except Exception:
+            # Only a report is lost: the session itself goes on.
+            log.exception("session %s: the workspace's repositories are not watched", self.id)
         finally:
             self.repositories_known.set()
 
@@ -507,7 +510,11 @@ class Session:
             return []
         if tracker.changed() and tracker.update_now() is None:
             async with self._host_exec_lock:
-                await trio.to_thread.run_sync(tracker.update)
+                try:
+                    await trio.to_thread.run_sync(tracker.update)
+                except Exception:
+                    # The call's own result stands; the list stays as last looked at.
+                    log.exception("session %s: could not look at its repositories", self.id)
         return list(tracker.found)
 
     async def reported(self, result):
