@@ -275,17 +275,6 @@ def guarding_mounts(policy: Policy) -> tuple[str, ...]:
             *plan.pinned, *plan.protected, *plan.hidden_dirs, *plan.hidden_files)
 
 
-def folder_entries(policy: Policy) -> tuple[str, ...]:
-    """The host paths that the policy's folders bind back, for a sandbox made ahead to be
-    compared with the host as it is now (Session.fingerprint)."""
-    return tuple(entry for folder in _plan(policy).folders for entry in folder.binds)
-
-
-def folder_copies(policy: Policy) -> tuple[str, ...]:
-    """The host files that the policy's home holds copies of."""
-    return tuple(entry for folder in policy.folders for entry in folder.copies)
-
-
 def mount_points(mountinfo: bytes) -> set[str]:
     """The mount points listed in a /proc/PID/mountinfo text (the fifth field, with the
     kernel's octal escapes of space, tab, newline and backslash undone)."""

@@ -251,8 +251,17 @@ class Session:
 
     def spare_key(self) -> tuple:
         """What a sandbox made ahead must share with this session to serve it: the same
-        policy (all but its scratch folder, which is the sandbox's own), the same limits."""
-        policy = tuple((f.name, getattr(self._policy, f.name))
+        policy (all but its scratch and home folders, which are the sandbox's own), the same
+        limits. Of the folders shown entry by entry, only the session's home must list what
+        the host's lists now: other homes (and --hide's folders) may be as they were when the
+        spare started, up to SPARE_MAX_AGE_S before (other users' activity would otherwise
+        keep every spare from fitting); a secret made since is not shown either way."""
+        def comparable(name: str, value):
+            if name == "folders":
+                return tuple(f if f.writable else f.path for f in value)
+            return value
+
+        policy = tuple((f.name, comparable(f.name, getattr(self._policy, f.name)))
                        for f in dataclasses.fields(self._policy)
                        if f.name not in ("scratch", "home"))
         return policy, self.limits, tuple(sorted(self.rlimits.items())), self.sandbox_kind
@@ -260,12 +269,14 @@ class Session:
     def fingerprint(self) -> tuple:
         """The identity of every path the sandbox binds, hides or protects: a folder removed
         and made again at the same path is another folder, which a sandbox made before does
-        not show (or hide)."""
+        not show (or hide). In the session's home, every entry it binds, and what every
+        file it copied holds (see spare_key for the other homes)."""
         p = self._policy
+        own = [f for f in p.folders if f.writable]
         return (_identities((p.workspace, *p.hidden_dirs, *p.hidden_files, *p.protected,
                              *p.pinned, *(f.path for f in p.folders),
-                             *sandbox.folder_entries(p))),
-                home.copies_state(sandbox.folder_copies(p)))
+                             *(entry for f in own for entry in f.binds))),
+                home.copies_state([entry for f in own for entry in f.copies]))
 
     @property
     def guarded(self) -> bool:
