@@ -41,6 +41,7 @@ NOTES_ROOM = 400
 MAX_TIMEOUT_S = 600.0
 MAX_WAIT_S = 300.0
 UNTIL_WAIT_S = 30.0  # process_output's wait when only `until` is given
+QUOTED_CHARS = 80  # of a name or id the model sent, quoted back in a message
 
 
 class ToolOutcome(msgspec.Struct, frozen=True):
@@ -94,11 +95,12 @@ ARGUMENTS = {"run_terminal": RunTerminal, "repl": Repl, "process_start": Process
 def parse_arguments(call: ToolCall):
     """The call's arguments as its Struct, or a ToolOutcome saying what is wrong with them."""
     if call.error is not None:
-        return ToolOutcome(f"Your call of {call.name} could not be read: {call.error}. Send "
-                           f"the arguments as a JSON object.", is_error=True)
+        # The error says what to send instead (agent/models/stream.py).
+        return ToolOutcome(f"Your call of {quoted(call.name)} could not be read: {call.error}",
+                           is_error=True)
     kind = ARGUMENTS.get(call.name)
     if kind is None:
-        return ToolOutcome(f"There is no tool {call.name!r}; the tools are "
+        return ToolOutcome(f"There is no tool {quoted(call.name)}; the tools are "
                            f"{', '.join(TOOL_NAMES)}.", is_error=True)
     try:
         return msgspec.convert(call.arguments, kind)
@@ -108,6 +110,12 @@ def parse_arguments(call: ToolCall):
 
 
 # ---------------------------------------------------------------- formatting (pure)
+
+
+def quoted(value: str, limit: int = QUOTED_CHARS) -> str:
+    """A name or id the model sent, quoted for a message about it: a model that sends a
+    10,000-character id must not get it back in full."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 def clip_text(text: str, limit: int) -> str:
@@ -214,6 +222,8 @@ class Backend:
         self.repl_timeout_s = repl_timeout_s
         self.cwd = workspace  # the terminal's folder, as the session sees it
         self.turn: str | None = None
+        # Held while the turn changes: a repl call never sees a turn that is ending.
+        self._turn_lock = trio.Lock()
         self._repl_languages: set[str] = set()  # used in this turn
         # Background processes this backend started: id -> command (the only ones it touches).
         self.processes: dict[str, str] = {}
@@ -246,27 +256,53 @@ class Backend:
     # ------------------------------------------------------------ turns
 
     async def begin_turn(self) -> str:
+        async with self._turn_lock:
+            return await self._begin()
+
+    async def end_turn(self) -> int:
+        """turn.end, shielded: the turn's interpreters end whatever ended the turn."""
+        with trio.CancelScope(shield=True):
+            async with self._turn_lock:
+                return await self._end()
+
+    async def reset_turn(self) -> int:
+        """End the turn's interpreters and begin the next turn as one step, so that a repl
+        call arriving meanwhile waits for the new turn instead of beginning one of its own
+        (which the reset would then replace, its interpreter left running)."""
+        with trio.CancelScope(shield=True):
+            async with self._turn_lock:
+                ended = await self._end()
+                await self._begin()
+        return ended
+
+    async def _begin(self) -> str:
         self.turn = (await self.client.turn_begin(self.session))["turn"]
         self._repl_languages = set()
         self._images = {}  # a file may have changed or vanished between turns
         return self.turn
 
-    async def end_turn(self) -> int:
-        """turn.end, shielded: the turn's interpreters end whatever ended the turn."""
+    async def _end(self) -> int:
         turn, self.turn = self.turn, None
         if turn is None:
             return 0
-        with trio.CancelScope(shield=True):
-            try:
-                return (await self.client.turn_end(self.session, turn))["repls_stopped"]
-            except ToolsdError:
-                return 0  # the session or the daemon is gone, and the REPLs with it
+        try:
+            return (await self.client.turn_end(self.session, turn))["repls_stopped"]
+        except ToolsdError:
+            return 0  # the session or the daemon is gone, and the REPLs with it
 
     # ------------------------------------------------------------ calls
 
     async def call(self, call: ToolCall) -> ToolOutcome:
         """Run one tool call. A mistake of the model (bad arguments, a stale id, a file that
-        is not there) is a ToolOutcome with is_error; only a lost daemon raises."""
+        is not there) is a ToolOutcome with is_error; only a lost daemon raises. Every
+        outcome, an error's too, is within RESULT_CHARS."""
+        outcome = await self._run(call)
+        if len(outcome.text) > RESULT_CHARS:
+            outcome = msgspec.structs.replace(outcome, text=clip_text(outcome.text,
+                                                                      RESULT_CHARS))
+        return outcome
+
+    async def _run(self, call: ToolCall) -> ToolOutcome:
         args = parse_arguments(call)
         if isinstance(args, ToolOutcome):
             return args
@@ -323,12 +359,12 @@ class Backend:
         return params if feature in self.features else {}
 
     async def _repl(self, a: Repl) -> ToolOutcome:
-        if self.turn is None:
-            await self.begin_turn()
-        first = a.language not in self._repl_languages
-        self._repl_languages.add(a.language)
+        async with self._turn_lock:
+            turn = self.turn or await self._begin()
+            first = a.language not in self._repl_languages
+            self._repl_languages.add(a.language)
         r = await self.client.repl_exec(
-            self.session, self.turn, a.code, language=a.language,
+            self.session, turn, a.code, language=a.language,
             timeout_s=self.repl_timeout_s, max_output_chars=RESULT_CHARS - NOTES_ROOM,
             **self._asks("spill", spill=True))
         return ToolOutcome(repl_text(r, first))
@@ -345,8 +381,8 @@ class Backend:
             return None
         mine = ", ".join(f"{k} ({clip_text(v, 40)})" for k, v in self.processes.items()) \
             if self.processes else "none"
-        return ToolOutcome(f"There is no background process {pid!r} of yours. Processes you "
-                           f"started: {mine}.", is_error=True)
+        return ToolOutcome(f"There is no background process {quoted(pid)} of yours. Processes "
+                           f"you started: {mine}.", is_error=True)
 
     def _stale(self, pid: str, e: ToolsdError) -> ToolOutcome:
         if e.code == "not_found":

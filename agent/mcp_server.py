@@ -213,8 +213,7 @@ class ToolHost:
 
         try:
             if name == REPL_RESET:
-                ended = await self.backend.end_turn()
-                await self.backend.begin_turn()
+                ended = await self.backend.reset_turn()
                 return text(f"The REPL was reset ({ended} interpreter(s) ended): the next repl "
                             f"call starts fresh.")
             call = ToolCall(id="mcp", name=name, arguments=arguments)

@@ -7,6 +7,8 @@ import io
 import os
 import re
 
+import trio
+import trio.testing
 from PIL import Image
 
 from agent.backend import RESULT_CHARS
@@ -195,6 +197,72 @@ async def test_bad_arguments_are_answered_not_run(kit):
     assert texts[0] == "run_terminal: Expected `str`, got `int` - at `command`"
     assert texts[1] == "run_terminal: Expected `float` > 0.0 - at `timeout_s`"
     assert texts[2].startswith("There is no tool 'make_coffee'; the tools are run_terminal")
+
+
+async def test_every_result_is_capped_errors_too(kit):
+    # What the model sent comes back in an error at most shortened; the error stays short.
+    huge_name, huge_id, huge_path = "x" * 10_000, "bg" + "9" * 20_000, "z" * 30_000
+    model, _ = await run_calls(kit, call(huge_name), call("process_stop", id=huge_id),
+                               call("read_image", path=huge_path),
+                               call("run_terminal", command="echo " + "y" * 200_000))
+    texts = [r.text for r in results(model)]
+    assert all(len(t) <= RESULT_CHARS for t in texts), [len(t) for t in texts]
+    assert texts[0] == (f"There is no tool {huge_name[:80]!r}... (10000 characters); the tools "
+                        f"are run_terminal, repl, process_start, process_output, process_stop, "
+                        f"read_image.")
+    assert texts[1] == (f"There is no background process {huge_id[:80]!r}... (20002 "
+                        f"characters) of yours. Processes you started: none.")
+    assert texts[2].startswith("read_image failed: ") and "characters in all" in texts[2]
+    assert texts[3].startswith("y" * 100) and "[exit code 0]" in texts[3]
+
+
+class HeldTurnEnd:
+    """The backend's client, with turn.end held until `release` is set; counts turn.begin."""
+
+    def __init__(self, client):
+        self.client = client
+        self.held = trio.Event()
+        self.release = trio.Event()
+        self.begun = 0
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    async def turn_end(self, *args, **kwargs):
+        self.held.set()
+        await self.release.wait()
+        return await self.client.turn_end(*args, **kwargs)
+
+    async def turn_begin(self, *args, **kwargs):
+        self.begun += 1
+        return await self.client.turn_begin(*args, **kwargs)
+
+
+async def test_a_repl_call_during_a_reset_runs_in_the_new_turn(kit):
+    """`toolsd mcp` serves calls at once: a repl call that comes while repl_reset ends the
+    old turn waits for the new one, rather than beginning a turn the reset then replaces
+    (its interpreter running, unreachable, until the connection ends)."""
+    agent = await kit.open()
+    backend = agent.backend
+    await backend.call(call("repl", code="old = 1"))
+    held = backend.client = HeldTurnEnd(backend.client)
+    got = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(backend.reset_turn)
+        await held.held.wait()
+        nursery.start_soon(_collect, backend.call(call("repl", code="new = 2; new")), got)
+        await trio.testing.wait_all_tasks_blocked()
+        begun_meanwhile = held.begun
+        held.release.set()
+    backend.client = held.client
+    assert begun_meanwhile == 0  # the repl call waited: it began no turn of its own
+    assert held.begun == 1 and got[0].text == "2"
+    assert (await backend.call(call("repl", code="new"))).text == "2"
+    assert len(kit.daemon.running("python_repl")) == 1
+
+
+async def _collect(coroutine, into: list):
+    into.append(await coroutine)
 
 
 async def test_an_id_the_daemon_forgot_is_explained(kit):
