@@ -6,8 +6,9 @@ model answers without asking for tools. It is bounded and supervised (seed 002):
 
 - at most `max_steps` model requests; when they are spent with work left, one bounded
   final-report request (no tool runs after it), and the turn ends `budget_exhausted`;
-- a wall-clock budget, checked before each model request: once spent, no further request is
-  made, what was produced is kept, and the turn ends `budget_exhausted`;
+- a wall-clock budget, checked before each model request and each tool call: once spent, no
+  further request is made and no further tool runs (the calls left get a notice), what was
+  produced is kept, and the turn ends `budget_exhausted`;
 - the same tool with the exact same arguments runs at most `duplicate_runs` times in a turn;
   later calls get a notice instead of a result;
 - after `nudge_after` tool calls, the model is told once to finish;
@@ -32,7 +33,7 @@ from collections.abc import Callable
 import msgspec
 import trio
 
-from agent.backend import Backend, ToolOutcome
+from agent.backend import RESULT_CHARS, Backend, ToolOutcome, clip_text
 from agent.context import DoesNotFit, fit_history, gather_context, resolve_budget
 from agent.conversation import Conversation, ConversationStore
 from agent.gates import Approver, Gate, Mode
@@ -93,6 +94,8 @@ FINAL_REPORT = ("[The step budget of this turn ({steps} model requests) is spent
 SKIPPED = ("[Skipped: {name} with exactly these arguments already ran {runs} times in this "
            "turn, and running it again will not tell you more. Change the arguments, or "
            "answer with what you have.]")
+OUT_OF_TIME = ("[Not run: the turn's wall-clock budget ({wall_s:g} s) is spent, so no more tools "
+               "run in this turn.]")
 
 SYSTEM = """You are a coding agent. You work in the repository below through tools that run \
 in a sandbox: the workspace is {workspace}, /tmp is scratch space, and network access is \
@@ -116,12 +119,13 @@ MODE_NOTES = {
 class _Turn:
     """The state of one turn in flight: its counters, and its outcome, set once."""
 
-    def __init__(self, number: int):
+    def __init__(self, number: int, wall_s: float):
         self.number = number
+        self.deadline = trio.current_time() + wall_s
         self.steps = 0
         self.tool_calls = 0
         self.nudged = False
-        self.runs: Counter[tuple[str, str]] = Counter()
+        self.runs: Counter[tuple[str, str, str | None]] = Counter()
         self.text = ""
         self.outcome: Outcome | None = None
         self.reason = ""
@@ -232,7 +236,7 @@ class Agent:
             raise RuntimeError("this agent is closed; open a new one")
         if self._scope is not None:
             raise RuntimeError("a turn is already running on this agent")
-        turn = _Turn(self.conversation.next_turn())
+        turn = _Turn(self.conversation.next_turn(), self.config.wall_s)
         with trio.CancelScope() as self._scope:
             try:
                 await _Loop(self, turn, on_event, on_text).run(prompt)
@@ -269,11 +273,10 @@ class _Loop:
         turn = self.turn
         self.log("turn_start", prompt=prompt, conversation=self.conversation.id)
         self.conversation.append(UserMessage([Text(prompt)]))
-        deadline = trio.current_time() + self.config.wall_s
         try:
             await self.backend.begin_turn()
             while turn.outcome is None:
-                if trio.current_time() >= deadline:
+                if trio.current_time() >= turn.deadline:
                     turn.end(Outcome.BUDGET_EXHAUSTED,
                              f"the turn's wall-clock budget ({self.config.wall_s:g} s) was spent "
                              f"before request {turn.steps + 1}")
@@ -383,7 +386,8 @@ class _Loop:
             last = i == len(calls) - 1
             if last and turn.tool_calls >= self.config.nudge_after and not turn.nudged:
                 turn.nudged = True
-                text += "\n" + NUDGE.format(n=turn.tool_calls)
+                nudge = NUDGE.format(n=turn.tool_calls)
+                text = clip_text(text, RESULT_CHARS - len(nudge) - 1) + "\n" + nudge
                 self.log("nudge", tool_calls=turn.tool_calls)
             # Saved one by one: a turn cancelled mid-step keeps the results it has.
             self.conversation.append(ToolResult(call_id=call.id, name=call.name, text=text,
@@ -400,7 +404,12 @@ class _Loop:
         turn.tool_calls += 1
         self.log("tool_call", id=call.id, name=call.name, arguments=call.arguments,
                  error=call.error)
-        key = (call.name, json.dumps(call.arguments, sort_keys=True, default=str))
+        if trio.current_time() >= turn.deadline:
+            outcome = ToolOutcome(OUT_OF_TIME.format(wall_s=self.config.wall_s), is_error=True)
+            self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
+                     is_error=True)
+            return outcome
+        key = (call.name, json.dumps(call.arguments, sort_keys=True, default=str), call.error)
         turn.runs[key] += 1
         if turn.runs[key] > self.config.duplicate_runs:
             outcome = ToolOutcome(SKIPPED.format(name=call.name, runs=self.config.duplicate_runs))

@@ -9,9 +9,10 @@ import random
 
 import trio
 
-from agent.history import AssistantMessage, ToolResult, UserMessage
+from agent.backend import RESULT_CHARS
+from agent.history import AssistantMessage, ToolCall, ToolResult, UserMessage
 from agent.models.scripted import call, reply
-from agent.turn import AgentConfig
+from agent.turn import NUDGE, AgentConfig
 import agentkit
 from agentkit import texts
 from conftest import needs_bwrap, wait_gone
@@ -60,6 +61,28 @@ async def test_a_nudge_after_six_tool_calls_once(kit):
     assert "Finish soon" not in "".join(texts(agent.model.requests[5]))  # before the sixth
 
 
+async def test_the_nudge_keeps_a_long_result_within_the_cap(kit):
+    calls = [reply("", call("run_terminal", command=f"echo {i}")) for i in range(1, 6)]
+    # Its error names the path it could not read: a result of the whole RESULT_CHARS.
+    long = reply("", call("read_image", path="z" * 30_000))
+    agent = await kit.open([*calls, long, reply("done")])
+    assert (await agent.run_turn("go")).outcome == "completed"
+    sixth = results(agent.model.requests[-1])[5]
+    assert len(sixth) <= RESULT_CHARS
+    assert sixth.startswith("read_image failed: ") and "characters in all" in sixth
+    assert sixth.endswith("\n" + NUDGE.format(n=6))
+
+
+async def test_calls_the_model_sent_unreadable_are_duplicates_only_when_equal(kit):
+    # Five calls that could not be read, each for its own reason: each is told its reason.
+    broken = [ToolCall(f"b{i}", "run_terminal", {}, error=f"reason {i}") for i in range(5)]
+    agent = await kit.open([*(reply("", c) for c in broken), reply("done")])
+    assert (await agent.run_turn("go")).outcome == "completed"
+    seen = results(agent.model.requests[-1])
+    assert seen == [f"Your call of 'run_terminal' could not be read: reason {i}"
+                    for i in range(5)]
+
+
 async def test_twenty_steps_then_one_final_report(kit):
     counter = itertools.count(1)
     endless = (lambda req: reply("", call("run_terminal", command=f"echo {next(counter)}"))
@@ -86,22 +109,30 @@ async def test_twenty_steps_then_one_final_report(kit):
     assert agent.conversation.messages[-1] == AssistantMessage(text=result.text)
 
 
-async def test_the_wall_budget_stops_before_the_next_request_and_keeps_the_work(
+async def test_the_wall_budget_stops_the_next_tool_and_request_and_keeps_the_work(
         kit, mock_clock):
     config = AgentConfig(wall_s=600)
+    kept_call = call("run_terminal", command="echo kept")
 
-    def spend_the_budget(request):
-        mock_clock.jump(601)
-        return reply("", call("run_terminal", command="echo second > /tmp/second; echo kept"))
+    def spend_the_budget(event):
+        # The budget runs out while the step's first call runs: its second never starts.
+        if event["type"] == "tool_result" and event["id"] == kept_call.id:
+            mock_clock.jump(601)
 
-    agent = await kit.open([reply("", call("run_terminal", command="echo first")),
-                            spend_the_budget, reply("never asked for")], config=config)
-    result = await agent.run_turn("work")
+    agent = await kit.open([
+        reply("", call("run_terminal", command="echo first")),
+        reply("", kept_call, call("run_terminal", command="touch /tmp/never; echo never")),
+        reply("never asked for")], config=config)
+    result = await agent.run_turn("work", on_event=spend_the_budget)
     assert result.outcome == "budget_exhausted"
     assert "wall-clock budget (600 s) was spent before request 3" in result.reason
     assert len(agent.model.requests) == 2  # no request after the budget was spent
     kept = [m.text for m in agent.conversation.messages if isinstance(m, ToolResult)]
-    assert kept == ["first\n[exit code 0]", "kept\n[exit code 0]"]
+    assert kept == ["first\n[exit code 0]", "kept\n[exit code 0]",
+                    "[Not run: the turn's wall-clock budget (600 s) is spent, so no more "
+                    "tools run in this turn.]"]
+    r = await agent.backend.client.shell_run(agent.backend.session, "ls /tmp/never")
+    assert r["exit_code"] != 0
     assert [e["type"] for e in events(agent)][-1] == "outcome"
 
 
@@ -122,6 +153,20 @@ async def test_cancel_during_a_tool_call_is_interrupted_and_ends_the_command(kit
         text="[no result: the turn ended interrupted first]", is_error=True)
     agent.model.add(reply("fine"))
     assert (await agent.run_turn("next")).outcome == "completed"
+
+
+async def test_cancel_during_a_repl_call_ends_the_turns_repl(kit):
+    agent = await kit.open([reply("", call("repl", code="import time\ntime.sleep(5353)"))])
+    got = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_collect, agent.run_turn("wait"), got)
+        while not kit.daemon.running("python_repl"):
+            await trio.sleep(0.05)
+        agent.cancel()
+    assert got[0].outcome == "interrupted"
+    # Ended with the turn, not left for the agent's close.
+    assert wait_gone(kit.daemon.running("python_repl"), timeout=30) == []
+    assert events(agent)[-1]["repls_ended"] == 1
 
 
 async def _collect(coroutine, into: list):
