@@ -321,10 +321,13 @@ class Terminal:
             self._text_open = False
 
     def say(self, line: str) -> None:
-        """A line on stderr, below whatever the model wrote, the spinner cleared."""
+        """A line on stderr, below whatever the model wrote, the spinner cleared. Printable:
+        it may hold what a server said (a failed turn's reason)."""
+        from agent.screen import printable
+
         self._stop_spinner()
         self._end_text()
-        self._write(self.err, line + "\n")
+        self._write(self.err, printable(line) + "\n")
 
     def event(self, event: dict) -> None:
         from agent import screen

@@ -31,12 +31,10 @@ class Glyphs(msgspec.Struct, frozen=True):
     error: str
     ellipsis: str
     spinner: str
-    rule: str
 
 
-UNICODE = Glyphs(call="●", result="⎿", error="✗", ellipsis="…", spinner="⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏",
-                 rule="─")
-ASCII = Glyphs(call="*", result="->", error="x", ellipsis="...", spinner="|/-\\", rule="-")
+UNICODE = Glyphs(call="●", result="⎿", error="✗", ellipsis="…", spinner="⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
+ASCII = Glyphs(call="*", result="->", error="x", ellipsis="...", spinner="|/-\\")
 
 
 def glyphs_for(encoding: str | None) -> Glyphs:
@@ -45,13 +43,16 @@ def glyphs_for(encoding: str | None) -> Glyphs:
 
 # Control characters but newline and tab (C0, DEL, C1): what a terminal would act on. Output
 # of a command or text of a model must not move the cursor, retitle the window or write the
-# clipboard (OSC 52) of the person reading it.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# clipboard (OSC 52) of the person reading it. And the invisible ones that reorder text or
+# hide a break in it (bidirectional embeddings, overrides and isolates; zero-width space, word
+# joiner, byte order mark): a command shown for approval must read as it runs.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b\u202a-\u202e\u2060\u2066-\u2069"
+                       r"\ufeff]")
 
 
 def printable(text: str) -> str:
-    """`text` with the control characters a terminal would act on replaced by `?`; newlines
-    and tabs are kept."""
+    """`text` with the control characters a terminal would act on, and the invisible ones
+    that reorder text, replaced by `?`; newlines and tabs are kept."""
     return _CONTROLS.sub("?", text)
 
 

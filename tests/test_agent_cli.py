@@ -337,6 +337,16 @@ def test_escape_sequences_never_reach_the_terminal(server, place, module_daemon)
     assert "  ⎿ ?]0;owned?out  [exit code 0]" in done.stderr.splitlines()
 
 
+def test_a_servers_error_is_shown_without_its_escape_sequences(server, place, module_daemon):
+    """The reason a turn failed quotes the server: it is shown as text, not acted on."""
+    server.push(JSONReply(400, {"error": {"message": "bad\x1b]52;c;cHduZWQ=\x07 \x1b[2Jmodel"}}))
+    done = run(argv(server, place, "--mode", "auto", "go", socket=module_daemon.socket), place)
+    assert done.returncode == 1
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr
+    assert done.stderr.splitlines()[-1].endswith(
+        "rejected the request (HTTP 400: bad?]52;c;cHduZWQ=? ?[2Jmodel)")
+
+
 def test_ctrl_c_at_a_question_cancels_the_turn_and_loses_no_line(server, place,
                                                                   module_daemon):
     server.push(openai_stream(calls=[Call("run_terminal", {"command": "touch never"})]),

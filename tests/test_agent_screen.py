@@ -6,6 +6,7 @@ from agent.screen import (
     ASCII,
     UNICODE,
     approval_question,
+    printable,
     call_line,
     glyphs_for,
     outcome_line,
@@ -70,3 +71,14 @@ def test_glyphs_fall_back_to_ascii_and_the_spinner_counts_time():
     assert glyphs_for("UTF-8") is UNICODE and glyphs_for("ascii") is ASCII
     assert spinner_line("run_terminal", 3.25, 0, 80) == "  ⠋ run_terminal 3.2s"
     assert spinner_line("repl", 0.0, 1, 80, ASCII) == "  / repl 0.0s"
+
+
+def test_a_command_to_approve_reads_as_it_runs():
+    """Bidirectional overrides and zero-width characters would show a command other than the
+    one that runs (`rm -rf ~` displayed reversed, hidden behind a comment): shown as `?`."""
+    sneaky = "echo safe #\u202e ~ fr- mr\u202c\u200b"
+    question = approval_question("run_terminal", {"command": sneaky + "\n" + sneaky}, 80)
+    assert "\u202e" not in question and "\u200b" not in question
+    assert "    echo safe #? ~ fr- mr??\n" in question
+    assert printable("tab\tand\nnewline stay; \u200d joins emoji") == \
+        "tab\tand\nnewline stay; \u200d joins emoji"
