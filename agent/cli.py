@@ -98,6 +98,11 @@ def make_model(args):
     if args.api_key_env and key is None:
         raise UsageError(f"--api-key-env {variable}: that environment variable is not set; "
                          f"export it, or name the one that holds the key")
+    if key is None and args.base_url is None:
+        # The hosted API refuses every request without one: say so before a session opens.
+        raise UsageError(f"no API key for {DEFAULT_URLS[args.api]}: export {variable} (or "
+                         f"name the variable that holds it with --api-key-env); a local "
+                         f"server needs none, give its --base-url")
     kind = OpenAIChatModel if args.api == "openai" else AnthropicModel
     return kind(args.model, args.base_url or DEFAULT_URLS[args.api], key,
                 context_tokens=args.context_tokens, key_hint=f"${variable}")

@@ -194,6 +194,13 @@ def test_bad_options_say_what_to_do(server, place):
     assert done.returncode == 2 and "is not an http:// or https:// URL" in done.stderr
     done = run(argv(server, place, "--max-steps", "0", "hi"), place)
     assert done.returncode == 2 and "'0' is not a whole number of at least 1" in done.stderr
+    cmd = argv(server, place, "--api", "anthropic", "hi")
+    del cmd[cmd.index("--base-url"):cmd.index("--base-url") + 2]  # the hosted API
+    done = run(cmd, place)
+    assert done.returncode == 2
+    assert done.stderr == ("toolsd agent: no API key for https://api.anthropic.com: export "
+                           "ANTHROPIC_API_KEY (or name the variable that holds it with "
+                           "--api-key-env); a local server needs none, give its --base-url\n")
     assert server.requests == []
 
 
