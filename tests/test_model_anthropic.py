@@ -112,6 +112,16 @@ async def test_tool_use_without_input_deltas_and_with_malformed_input(server):
     assert malformed.arguments == {} and "not valid JSON" in malformed.error
 
 
+async def test_a_reused_tool_use_id_is_replaced(server):
+    # Results are matched to calls by id: two calls of one id would leave one unanswered.
+    server.push(anthropic_stream(calls=[Call("run_terminal", {"command": "a"}, "toolu_x"),
+                                        Call("run_terminal", {"command": "b"}, "toolu_x")]))
+    reply = await adapter(server.url).complete(REQUEST, {})
+    first, second = reply.tool_calls
+    assert first.id == "toolu_x" and second.id.startswith("call_")
+    assert [first.arguments, second.arguments] == [{"command": "a"}, {"command": "b"}]
+
+
 async def test_overloaded_before_any_content_is_retried(server):
     server.push(SSE([("error", {"type": "error", "error": {"type": "overloaded_error",
                                                          "message": "Overloaded"}})]),

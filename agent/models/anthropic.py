@@ -21,8 +21,7 @@ from agent.models.stream import (
     as_list,
     as_str,
     load_json,
-    new_call_id,
-    parse_arguments,
+    tool_call,
 )
 from agent.models.transport import (
     Endpoint,
@@ -142,16 +141,13 @@ class MessagesAssembler:
             raise Transient("the stream ended before message_stop", connection=True)
         texts: list[str] = []
         calls: list[ToolCall] = []
+        seen: set[str] = set()
         for _, block in sorted(self._blocks.items()):
             if block.kind == "text":
                 texts.append("".join(block.text))
                 continue
             raw = "".join(block.fragments) if block.fragments else block.initial
-            arguments, error = parse_arguments(raw)
-            if not block.name:
-                error = "the call names no tool; say which tool to call"
-            calls.append(ToolCall(block.id or new_call_id(), block.name,
-                                  arguments if error is None else {}, error))
+            calls.append(tool_call(block.id, block.name, raw, seen))
         stop = "tool_use" if calls else _STOPS.get(self._stop or "end_turn", self._stop or "end")
         return ModelReply("".join(texts), calls, stop, Usage(self._input, self._output))
 

@@ -23,8 +23,7 @@ from agent.models.stream import (
     as_list,
     as_str,
     load_json,
-    new_call_id,
-    parse_arguments,
+    tool_call,
 )
 from agent.models.transport import (
     Endpoint,
@@ -140,13 +139,8 @@ class ChatAssembler:
         calls: list[ToolCall] = []
         seen: set[str] = set()
         for c in self._calls:
-            call_id = c.id if c.id and c.id not in seen else new_call_id()
-            seen.add(call_id)
             raw = c.whole if c.whole is not None else "".join(c.fragments)
-            arguments, error = parse_arguments(raw)
-            if not c.name:
-                error = "the call names no tool; say which tool to call"
-            calls.append(ToolCall(call_id, c.name, arguments if error is None else {}, error))
+            calls.append(tool_call(c.id, c.name, raw, seen))
         stop = "tool_use" if calls else _STOPS.get(self._finish or "stop", self._finish or "end")
         return ModelReply("".join(self._text), calls, stop, self._usage)
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from agent.history import ToolCall
+
 
 class Event(msgspec.Struct, frozen=True):
     """One server-sent event: `event` is "" when the server named none."""
@@ -75,6 +77,19 @@ def new_call_id() -> str:
     """An id for a tool call the server sent without one: results are matched to calls by
     id, so every call needs one, unique in the conversation."""
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def tool_call(call_id: str, name: str, raw: Any, seen: set[str]) -> ToolCall:
+    """One call of a reply as the server sent it: its id (a new one where it is missing or
+    already used in the reply; `seen` holds those used), its name, its arguments as sent
+    (`parse_arguments`). A call that cannot be run carries the error the model is told."""
+    if not call_id or call_id in seen:
+        call_id = new_call_id()
+    seen.add(call_id)
+    arguments, error = parse_arguments(raw)
+    if not name:
+        error = "the call names no tool; say which tool to call"
+    return ToolCall(call_id, name, arguments if error is None else {}, error)
 
 
 _EXCERPT = 200
