@@ -12,13 +12,16 @@
 The classifiers are pure: text in, a reason (what writes) or None out. Shell text is read
 with shlex after arithmetic and tests are set aside (`$((x >> 16))` is no redirect); Python
 through its AST (`value >> 16` is arithmetic, `open(p, m)` with a mode only known at run
-time counts as a write); Node by a few patterns.
+time counts as a write); Node by a few patterns. A write whose every target is plainly in the
+session's scratch folder (`> /tmp/out.txt`, `open('/tmp/x', 'w')`) is no write to the
+workspace, and passes: the system prompt offers /tmp as scratch space.
 """
 
 from __future__ import annotations
 
 import ast
 import enum
+import posixpath
 import re
 import shlex
 from collections.abc import Awaitable, Callable
@@ -114,12 +117,29 @@ WRITING_SUBCOMMANDS = {
     "cargo": frozenset(["install", "add", "remove", "new", "init"]),
     "go": frozenset(["install", "get", "mod"]),
 }
-# Words that run the command after them.
-WRAPPERS = frozenset("sudo doas env nice nohup time command exec builtin stdbuf ionice".split())
+# Words that run the command after them, and those of their options that take a value (the
+# command is after it).
+WRAPPERS = frozenset("""sudo doas env nice nohup time command exec builtin stdbuf ionice xargs
+timeout""".split())
+WRAPPER_OPTION_VALUES = {
+    "sudo": frozenset("-u -g -C -h -p -r -t -U -D".split()),
+    "doas": frozenset(["-u", "-C"]),
+    "env": frozenset(["-u", "-C", "--unset", "--chdir"]),
+    "nice": frozenset(["-n", "--adjustment"]),
+    "ionice": frozenset(["-c", "-n", "-p", "--class", "--classdata"]),
+    "timeout": frozenset(["-s", "-k", "--signal", "--kill-after"]),
+    "xargs": frozenset("-I -n -P -L -d -E -s -a".split()),
+    "stdbuf": frozenset(["-i", "-o", "-e"]),
+    "time": frozenset(["-f", "-o", "--format", "--output"]),
+}
+# git's options before its subcommand that take a value.
+GIT_OPTION_VALUES = frozenset(["-C", "-c", "--git-dir", "--work-tree", "--namespace"])
 SHELLS = frozenset("sh bash dash zsh ksh".split())
 PYTHONS = re.compile(r"^python(\d+(\.\d+)?)?$")
 NODES = frozenset(["node", "nodejs"])
 HARMLESS_TARGETS = frozenset(["/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"])
+# The session's scratch folder: writable in plan mode too, and the system prompt says so.
+SCRATCH = "/tmp/"
 SEPARATORS = frozenset([";", ";;", "&", "&&", "|", "||", "|&", "(", ")", "\n"])
 
 # Set aside before reading: arithmetic ($((..)), ((..))) and [[ .. ]] tests, where > and >>
@@ -143,7 +163,7 @@ def shell_write(command: str, depth: int = 0) -> str | None:
             target = words[i + 1] if i + 1 < len(words) else ""
             if word == ">&" and (target.isdigit() or target == "-"):
                 continue  # 2>&1: a descriptor, not a file
-            if target not in HARMLESS_TARGETS:
+            if not _harmless(target):
                 return f"`{word} {target}` writes a file"
     for simple in _simple_commands(words):
         reason = _command_write(simple, depth)
@@ -209,16 +229,30 @@ def _simple_commands(words: list[str]) -> list[list[str]]:
     return commands
 
 
+def _harmless(path: str) -> bool:
+    """A path written to that is no file of the workspace: a device, or the scratch folder."""
+    return path in HARMLESS_TARGETS or \
+        posixpath.normpath(path).startswith(SCRATCH) and path.startswith(SCRATCH)
+
+
+def _after_options(words: list[str], takes_value: frozenset[str]) -> list[str]:
+    """`words` from the first that is not an option (nor the value of one)."""
+    i = 0
+    while i < len(words) and words[i].startswith("-") and words[i] != "-":
+        i += 2 if words[i] in takes_value else 1
+    return words[i:]
+
+
 def _command_write(words: list[str], depth: int) -> str | None:
     words = _strip_redirections(words)
-    while words:  # what runs the command: assignments, wrappers and their flags
+    while words:  # what runs the command: assignments, wrappers and their options
         first = words[0]
         if _ASSIGNMENT.match(first):
             words = words[1:]
-        elif first in WRAPPERS or first in ("xargs", "timeout"):
-            words = words[1:]
-            while words and words[0].startswith("-"):
-                words = words[1:]
+        elif first == "command" and words[1:2] in (["-v"], ["-V"]):
+            return None  # a lookup: it runs nothing
+        elif first in WRAPPERS:
+            words = _after_options(words[1:], WRAPPER_OPTION_VALUES.get(first, frozenset()))
             if first == "timeout":
                 words = words[1:]  # its duration
         else:
@@ -228,10 +262,12 @@ def _command_write(words: list[str], depth: int) -> str | None:
     name = words[0].rsplit("/", 1)[-1]
     args = words[1:]
     if name in WRITERS:
-        if name == "tee" and all(a in HARMLESS_TARGETS or a.startswith("-") for a in args):
-            return None
-        if name == "dd" and not any(a.startswith("of=") for a in args):
-            return None
+        if name == "dd":
+            targets = [a[3:] for a in args if a.startswith("of=")]
+        else:
+            targets = [a for a in args if not a.startswith("-")]
+        if all(_harmless(t) for t in targets) and (targets or name in ("tee", "dd")):
+            return None  # tee to the terminal, dd to stdout, or only the scratch folder
         return f"`{name}` changes files"
     if name == "sed" and any(a == "-i" or a.startswith("-i") or a == "--in-place" for a in args):
         return "`sed -i` edits files in place"
@@ -240,23 +276,41 @@ def _command_write(words: list[str], depth: int) -> str | None:
     if name == "find" and any(a in ("-delete", "-fprint", "-fprintf") for a in args):
         return "`find -delete` removes files"
     if name in WRITING_SUBCOMMANDS:
-        sub = next((a for a in args if not a.startswith("-")), "")
+        rest = _after_options(args, GIT_OPTION_VALUES if name == "git" else frozenset())
+        sub = rest[0] if rest else ""
         if sub in WRITING_SUBCOMMANDS[name]:
             return f"`{name} {sub}` changes files"
         if name == "git" and sub in ("branch", "tag") and \
-                sum(1 for a in args if not a.startswith("-")) > 1:
+                sum(1 for a in rest if not a.startswith("-")) > 1:
             return f"`git {sub} NAME` changes the repository"
     if PYTHONS.match(name):
         if args[:2] == ["-m", "pip"] and len(args) > 2 and args[2] in WRITING_SUBCOMMANDS["pip"]:
             return f"`pip {args[2]}` changes files"
-        if "-c" in args and args.index("-c") + 1 < len(args):
-            return python_write(args[args.index("-c") + 1])
-    if name in NODES and "-e" in args and args.index("-e") + 1 < len(args):
-        return node_write(args[args.index("-e") + 1])
-    if name in SHELLS and "-c" in args and args.index("-c") + 1 < len(args):
-        return shell_write(args[args.index("-c") + 1], depth + 1)
+        code = _inline_program(args, "c")
+        if code is not None:
+            return python_write(code)
+    if name in NODES:
+        code = _inline_program(args, "ep", ("--eval", "--print"))
+        if code is not None:
+            return node_write(code)
+    if name in SHELLS:
+        code = _inline_program(args, "c")
+        if code is not None:
+            return shell_write(code, depth + 1)
     if name == "eval":
         return shell_write(" ".join(args), depth + 1)
+    return None
+
+
+def _inline_program(args: list[str], letters: str, long: tuple[str, ...] = ()) -> str | None:
+    """The program text of `sh -c TEXT`, `bash -lc TEXT`, `python3 -Ic TEXT`, `node -e TEXT`:
+    the word after the first option that is one of `long` or ends in one of `letters`."""
+    for i, a in enumerate(args[:-1]):
+        if a in long or (a.startswith("-") and not a.startswith("--") and len(a) > 1
+                         and a[-1] in letters):
+            return args[i + 1]
+        if not a.startswith("-"):
+            return None  # a script file: its arguments are not options of the interpreter
     return None
 
 
@@ -268,9 +322,12 @@ def _strip_redirections(words: list[str]) -> list[str]:
             continue
         if word and set(word) <= set("<>&") and word not in ("&",):
             skip = True  # its target
+            # "2>" comes as "2", ">": the descriptor before a redirection is no word either
+            # (though in `echo 2 > f` it is: dropped all the same, as the redirection is seen).
+            if out and out[-1].isdigit():
+                out.pop()
             continue
         out.append(word)
-    # "2>" comes as "2", ">": the fd number before a redirection is not a word either.
     return out
 
 
@@ -295,6 +352,13 @@ hardlink_to link_to savefig""".split())
 _TO_FILE = frozenset("""to_csv to_json to_excel to_parquet to_pickle to_feather to_hdf
 to_html to_latex to_markdown to_stata to_orc""".split())
 _PATH_TYPES = frozenset(["pathlib.Path", "pathlib.PosixPath", "pathlib.PurePath", "Path"])
+# Of those, the ones that run a program (its first argument is a command, not a path), and
+# those that write their second path argument.
+_RUNS = ("os.system", "os.popen", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.",
+         "pty.")
+_TWO_PATHS = frozenset("""os.rename os.renames os.replace os.link os.symlink shutil.copy
+shutil.copy2 shutil.copyfile shutil.copytree shutil.move shutil.copymode
+shutil.copystat""".split())
 
 
 def python_write(code: str) -> str | None:
@@ -354,12 +418,14 @@ class _PythonReader:
     def _call(self, node: ast.Call) -> str | None:
         name = self._name(node.func)
         if name in _OPEN:
-            return _open_mode_writes(node, 1, name)
+            return None if _in_scratch(node, 1) else _open_mode_writes(node, 1, name)
         if name == "os.open":
             flags = node.args[1] if len(node.args) > 1 else None
             if not (isinstance(flags, ast.Attribute) and flags.attr == "O_RDONLY"):
                 return "os.open with flags other than O_RDONLY"
         if name in _CALL_WRITES:
+            if not name.startswith(_RUNS) and _in_scratch(node, 2 if name in _TWO_PATHS else 1):
+                return None
             return f"{name}()"
         if name in ("exec", "eval", "builtins.exec") and node.args and \
                 isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
@@ -367,16 +433,27 @@ class _PythonReader:
         if not isinstance(node.func, ast.Attribute):
             return None
         method = node.func.attr
+        if method == "savefig" and _in_scratch(node, 1):
+            return None
         if method in _METHOD_WRITES:
             return f".{method}()"
         if method == "open" and self._is_path(node.func.value):
             return _open_mode_writes(node, 0, "Path.open")
         if method in ("rename", "replace", "chmod") and self._is_path(node.func.value):
             return f"Path.{method}()"
-        if method in _TO_FILE and (node.args or any(
+        if method in _TO_FILE and not _in_scratch(node, 1) and (node.args or any(
                 k.arg in ("path", "path_or_buf", "excel_writer", "buf") for k in node.keywords)):
             return f".{method}(path)"
         return None
+
+
+def _in_scratch(node: ast.Call, paths: int) -> bool:
+    """Whether the call's first `paths` arguments are literal paths in the scratch folder (or
+    devices)."""
+    found = node.args[:paths]
+    return len(found) == paths and all(
+        isinstance(a, ast.Constant) and isinstance(a.value, str) and _harmless(a.value)
+        for a in found)
 
 
 def _open_mode_writes(node: ast.Call, index: int, name: str) -> str | None:

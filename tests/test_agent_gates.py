@@ -21,21 +21,35 @@ WRITES_SHELL = ["echo hi > out.txt", "rm -rf build", "git commit -m x", "sed -i 
                 "python3 -c \"open('f','w').write('x')\"", "find . -name '*.pyc' -delete",
                 "env FOO=1 rm x", "cat <<EOF > f\nhello\nEOF", "ls\nrm x", "pip install -e .",
                 "bash -c 'touch x'", "echo x | tee out", "echo $(rm x)", "timeout 5 mv a b",
-                "python3 - <<'EOF'\nimport os\nos.remove('x')\nEOF", "npm install"]
+                "python3 - <<'EOF'\nimport os\nos.remove('x')\nEOF", "npm install",
+                # options with a value before the command, combined flags, a descriptor first
+                "git -C sub commit -m x", "git -c user.name=x commit", "sudo -u bob rm x",
+                "nice -n 5 rm x", "timeout -s KILL 5 mv a b", "bash -lc 'rm x'",
+                "python3 -Ic \"open('f', 'w')\"", "node -pe \"require('fs').rmSync('x')\"",
+                "2>/dev/null rm x", "cat a | 2>/dev/null tee b",
+                # out of the scratch folder, or into it from the workspace
+                "touch /tmp/../ws/x", "echo > /tmp/../x", "mv notes /tmp/"]
 READS_SHELL = ["ls -la", "echo $((x >> 16))", "ls 2>&1 | grep x", "cat a >/dev/null 2>&1",
                "git status && git diff", "sed -n 1p f", "echo 'a > b'", "[[ a > b ]] && echo",
                "(( i > 3 )) && echo", "cat <<EOF\nrm -rf /\nEOF", "grep -r foo . | head",
-               "python3 -c 'print(1 >> 2)'", "tee /dev/null", "npm test"]
+               "python3 -c 'print(1 >> 2)'", "tee /dev/null", "npm test", "command -v rm",
+               "git -C sub status", "python3 script.py -c 'rm x'",
+               # the session's scratch folder is writable in plan mode too
+               "pytest > /tmp/out.txt 2>&1", "rm -rf /tmp/build", "mkdir -p /tmp/a/b",
+               "make | tee /tmp/log", "dd if=/dev/zero of=/tmp/z count=1"]
 WRITES_PYTHON = ["open('f', 'w')", "open(p, m)", "open(p, mode=m)", "import os as o\no.remove('x')",
                  "from shutil import rmtree\nrmtree('d')",
                  "from pathlib import Path\nPath('a').write_text('x')",
                  "from pathlib import Path\np = Path('a')\np.rename('b')",
                  "import subprocess; subprocess.run(['ls'])", "df.to_csv('x.csv')",
                  "exec(\"open('f', 'w')\")", "__import__('os').remove('x')",
-                 "with open('x', 'r+') as f: pass"]
+                 "with open('x', 'r+') as f: pass", "open('/tmp/../x', 'w')",
+                 "import os; os.system('/tmp/run.sh')",
+                 "import shutil; shutil.move('/tmp/a', 'b')"]
 READS_PYTHON = ["x = 5 >> 16", "value >> 16", "open('f')", "open(p, mode='rb')",
                 "s = df.to_csv()", "'abc'.replace('a', 'b')", "print(open('f').read())",
-                "def broken(:"]
+                "def broken(:", "open('/tmp/out.txt', 'w')", "df.to_csv('/tmp/x.csv')",
+                "import os; os.remove('/tmp/x')", "plt.savefig('/tmp/p.png')"]
 
 
 @pytest.mark.parametrize("command", WRITES_SHELL)
@@ -81,6 +95,7 @@ async def test_plan_mode_the_os_refuses_what_the_classifiers_cannot_see(kit):
         reply("", call("repl", code="x = 70000\nx >> 16")),
         reply("", call("run_terminal", command="x=70000; echo $((x >> 16))")),
         reply("", call("repl", code="m = input_mode = 'w'\nopen('f', m)")),
+        reply("", call("run_terminal", command="echo kept > /tmp/notes; cat /tmp/notes")),
         reply("planned"),
     ], mode="plan")
     assert (await agent.run_turn("plan it")).outcome == "completed"
@@ -91,6 +106,7 @@ async def test_plan_mode_the_os_refuses_what_the_classifiers_cannot_see(kit):
     assert seen[3] == "1\n[exit code 0]"
     assert seen[4].startswith("Plan mode is read-only, and this would write (open(...) with a "
                               "mode only known at run time)")
+    assert seen[5].startswith("kept\n[exit code 0]")  # the scratch folder is no workspace
     assert os.listdir(kit.workspace) == []
 
 
