@@ -179,6 +179,18 @@ async def test_read_image_attaches_the_path_not_the_bytes(kit):
     assert loaded.missing and "red.png" in loaded.missing and not loaded.data
 
 
+async def test_an_oversized_image_is_fitted_before_it_reaches_a_request(kit):
+    # Over Anthropic's 8000 px a side: sent as it is, it would fail this request and, kept in
+    # the history, every later one.
+    png(os.path.join(kit.workspace, "wide.png"), size=(9000, 300))
+    model, _ = await run_calls(kit, call("read_image", path="wide.png"))
+    assert results(model)[-1].text.endswith(
+        "wide.png: PNG image, shown 1568x52, downscaled from 9000x300. It is attached below.")
+    [loaded] = model.images[-1].values()
+    assert (loaded.width, loaded.height) == (1568, 52)
+    assert Image.open(io.BytesIO(loaded.data)).size == (1568, 52)
+
+
 async def test_read_image_of_a_missing_or_non_image_file(kit):
     kit.write("notes.txt", "hello\n")
     model, _ = await run_calls(kit, call("read_image", path="nope.png"),
