@@ -309,6 +309,39 @@ def test_sigterm_while_stdin_is_open_closes_the_session(wire, module_daemon):
     assert module_daemon.running("sleep 5050") == []
 
 
+def test_a_client_gone_mid_call_ends_the_call_and_the_session(wire, module_daemon):
+    """stdin closes while a command runs (the client exited without waiting for the reply):
+    the command is ended with the session, and the server exits."""
+    wire.start()
+    wire.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+               "params": {"name": "run_terminal", "arguments": {"command": "sleep 5454"}}})
+    wait_for(lambda: module_daemon.running("sleep 5454"))
+    wire.proc.stdin.close()
+    assert wire.proc.wait(timeout=60) == 0
+    assert wait_gone(module_daemon.running("sleep 5454"), timeout=30) == []
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+
+
+async def test_two_calls_at_once_run_at_once(place, module_daemon):
+    """A client may send calls without waiting for the last reply: the first here waits for
+    what the second does, so it only returns if they run side by side."""
+    waiter = "until [ -e /tmp/go ]; do sleep 0.05; done; echo waited"
+    got = {}
+
+    async def run(key, command):
+        got[key] = await client.call_tool("run_terminal", {"command": command,
+                                                           "timeout_s": 120})
+
+    async with connect(place, socket=module_daemon.socket) as client:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "waiter", waiter)
+            while not module_daemon.running("until [ -e /tmp/go ]"):
+                await trio.sleep(0.05)
+            nursery.start_soon(run, "maker", "touch /tmp/go; echo made")
+    assert texts(got["maker"]) == ["made\n[exit code 0]"]
+    assert texts(got["waiter"]) == ["waited\n[exit code 0]"]
+
+
 async def test_a_cancelled_call_ends_its_command(place, module_daemon):
     async with connect(place, socket=module_daemon.socket) as client:
         async with trio.open_nursery() as nursery:
