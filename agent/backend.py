@@ -28,7 +28,7 @@ import trio
 from msgspec import Meta
 
 from agent.history import ImageRef, LoadedImage, ToolCall
-from agent.providers import image_limits
+from agent.providers import image_limits, within_request
 from agent.tools import TOOL_NAMES
 from toolsd.client import AsyncClient, ToolsdError
 
@@ -440,8 +440,9 @@ class Backend:
 
     async def load_images(self, refs: list[ImageRef]) -> dict[ImageRef, LoadedImage]:
         """The pictures a request carries, read now with the session's view and fitted to
-        the provider's limits for a request holding that many; a file that vanished or
-        changed into something else is a LoadedImage saying so (the renderer tells the
+        the provider's limits for a request holding that many, then as many of the most
+        recent as one request can carry; a file that vanished or changed into something
+        else, or a picture left out, is a LoadedImage saying so (the renderer tells the
         model). Read once per turn: the cache is emptied by begin_turn."""
         wanted = list(dict.fromkeys(refs))
         request_dim, _ = image_limits(self.provider, len(wanted))
@@ -452,7 +453,8 @@ class Backend:
                 self._images[key] = await self._load(ref, key[1])
             kept[key] = self._images[key]
         self._images = kept
-        return {ref: image for (ref, _dim), image in kept.items()}
+        return within_request(self.provider,
+                              [(ref, image) for (ref, _dim), image in kept.items()])
 
     async def _load(self, ref: ImageRef, max_dim: int) -> LoadedImage:
         try:
@@ -461,8 +463,8 @@ class Backend:
         except ToolsdError as e:
             if e.code == "connection_lost":
                 raise
-            return LoadedImage(missing=f"the image {ref.path} could not be read any more "
-                                       f"({e.message})")
+            return LoadedImage(missing=f"it could not be read any more ({e.message}); the file "
+                                       f"may have been moved or deleted since it was read")
         return _loaded(r)
 
 

@@ -36,6 +36,16 @@ _MANY_IMAGES = 20
 _MANY_IMAGES_DIM = 2000
 
 
+# What the pictures of one request may come to together: Anthropic takes at most 100 images
+# and 32 MB a request, OpenAI 500 images and 50 MB, Gemini 20 MB of inline data. The sizes are
+# of the base64 text, with room left for the rest of the request. Over them, a request fails,
+# and so does every later one while those pictures are in the history's window.
+_REQUEST_IMAGES = {"anthropic": (100, 24_000_000), "openai": (500, 40_000_000),
+                   "gemini": (3000, 15_000_000)}
+LEFT_OUT = ("the pictures read after it already fill what one request can carry; read it "
+            "again to see it")
+
+
 def image_limits(provider: str, images_in_request: int = 1) -> tuple[int, int]:
     """(max_dim, max_bytes) for one picture in a request of `provider` holding that many."""
     if provider not in PROVIDERS:
@@ -44,6 +54,24 @@ def image_limits(provider: str, images_in_request: int = 1) -> tuple[int, int]:
     if images_in_request > _MANY_IMAGES:
         max_dim = min(max_dim, _MANY_IMAGES_DIM)
     return max_dim, _DEFAULT_BYTES
+
+
+def within_request(provider: str,
+                   images: list[tuple[ImageRef, LoadedImage]]) -> dict[ImageRef, LoadedImage]:
+    """`images` (in the order of the history) as one request of `provider` can carry them: the
+    most recent kept until the count or the size its requests take is reached; older ones
+    become `missing` (LEFT_OUT), which the renderers say in text."""
+    most, room = _REQUEST_IMAGES[provider]
+    fitted: dict[ImageRef, LoadedImage] = {}
+    for ref, image in reversed(images):
+        if image.missing is None:
+            cost = (len(image.data) + 2) // 3 * 4
+            if most > 0 and cost <= room:
+                most, room = most - 1, room - cost
+            else:
+                image = LoadedImage(missing=LEFT_OUT)
+        fitted[ref] = image
+    return {ref: fitted[ref] for ref, _ in images}
 
 
 # --- Request rendering ---------------------------------------------------------------------
@@ -68,8 +96,7 @@ def summary_text(summary: Summary) -> str:
 
 
 def missing_image_text(path: str, reason: str) -> str:
-    return (f"[The image {path} could not be attached: {reason}. The file may have been moved "
-            "or deleted since it was read; read it again if you still need it.]")
+    return f"[The image {path} could not be attached: {reason}.]"
 
 
 def arguments_json(call: ToolCall) -> str:

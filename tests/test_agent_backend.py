@@ -13,6 +13,7 @@ from PIL import Image
 
 from agent.backend import RESULT_CHARS
 from agent.history import ImageRef, ToolResult, UserMessage
+from agent.providers import LEFT_OUT
 import agentkit
 from agent.models.scripted import call, reply
 from conftest import needs_bwrap
@@ -189,6 +190,24 @@ async def test_an_oversized_image_is_fitted_before_it_reaches_a_request(kit):
     [loaded] = model.images[-1].values()
     assert (loaded.width, loaded.height) == (1568, 52)
     assert Image.open(io.BytesIO(loaded.data)).size == (1568, 52)
+
+
+async def test_pictures_past_what_one_request_carries_are_left_out_and_said(kit):
+    # Noise does not compress: each picture stays near its 3.75 MB, and a dozen of them are
+    # more than the 32 MB an Anthropic request may be.
+    for i in range(12):
+        Image.frombytes("RGB", (1500, 1500), os.urandom(1500 * 1500 * 3)).save(
+            os.path.join(kit.workspace, f"noise{i}.png"))
+    model, _ = await run_calls(kit, *(call("read_image", path=f"noise{i}.png")
+                                      for i in range(12)))
+    images = model.images[-1]
+    sent = [ref.path.rsplit("/", 1)[1] for ref, image in images.items() if not image.missing]
+    left = [ref.path.rsplit("/", 1)[1] for ref, image in images.items() if image.missing]
+    assert left and sent and len(left) + len(sent) == 12
+    assert left + sent == [f"noise{i}.png" for i in range(12)]  # the most recent are sent
+    assert sum(len(images[r].data) * 4 / 3 for r in images if not images[r].missing) \
+        <= 24_000_000
+    assert all(images[r].missing == LEFT_OUT for r in images if images[r].missing)
 
 
 async def test_read_image_of_a_missing_or_non_image_file(kit):

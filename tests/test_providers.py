@@ -32,10 +32,12 @@ from agent.history import (
     UserMessage,
 )
 from agent.providers import (
+    LEFT_OUT,
     render_anthropic,
     render_gemini,
     render_openai_chat,
     render_openai_responses,
+    within_request,
 )
 
 PNG = b"\x89PNG\r\n\x1a\nfake"
@@ -64,8 +66,7 @@ def conversation() -> ModelRequest:
 
 LOADED = {SHOT: LoadedImage("image/png", PNG, 4, 4)}
 GONE = {SHOT: LoadedImage(missing="no such file")}
-GONE_TEXT = ("[The image shot.png could not be attached: no such file. The file may have been "
-             "moved or deleted since it was read; read it again if you still need it.]")
+GONE_TEXT = "[The image shot.png could not be attached: no such file.]"
 
 
 def test_anthropic_shape():
@@ -272,3 +273,23 @@ def test_empty_messages_and_outputs_are_not_sent_empty():
     messages = render_anthropic(req, {})["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     assert messages[2]["content"][0]["content"] == "(no output)"
+
+
+def test_a_request_carries_the_most_recent_pictures_it_can():
+    """32 MB is all Anthropic takes in one request, 100 images at most: pictures past that
+    would fail the request, and every later one while they are in the window."""
+    big = [(ImageRef(f"big{i}.png"), LoadedImage("image/png", b"x" * 3_000_000, 9, 9))
+           for i in range(10)]
+    gone = (ImageRef("gone.png"), LoadedImage(missing="no such file"))
+    fitted = within_request("anthropic", [big[0], gone, *big[1:]])
+    assert list(fitted) == [big[0][0], gone[0], *(ref for ref, _ in big[1:])]  # in order
+    kept = [ref.path for ref, image in fitted.items() if image.missing is None]
+    assert kept == [f"big{i}.png" for i in range(4, 10)]  # 6 x 4 MB of base64: 24 MB
+    assert fitted[big[0][0]].missing == LEFT_OUT and fitted[gone[0]].missing == "no such file"
+    small = [(ImageRef(f"s{i}.png"), LoadedImage("image/png", b"x", 1, 1)) for i in range(101)]
+    fitted = within_request("anthropic", small)
+    assert [r.path for r, i in fitted.items() if i.missing] == ["s0.png"]
+    assert all(i.missing is None for i in within_request("openai", small).values())
+    text = render_anthropic(ModelRequest("", [UserMessage([Text("look"), big[0][0]])]),
+                            within_request("anthropic", big))["messages"][0]["content"][1]
+    assert text["text"] == f"[The image big0.png could not be attached: {LEFT_OUT}.]"
