@@ -214,8 +214,7 @@ class Run:
                                 self.workspace, self.model, mode=args.mode,
                                 approve=term.approve if args.mode == "ask" else None,
                                 config=AgentConfig(max_steps=args.max_steps),
-                                socket=self.socket, resume="latest" if args.resume else None,
-                                provider=args.api)
+                                socket=self.socket, resume="latest" if args.resume else None)
                         except (ToolsdError, ConversationBusy, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
                             code = 1

@@ -180,7 +180,7 @@ class Agent:
             backend = await Backend.open(
                 client, workspace, writable=gate.mode is not Mode.PLAN,
                 network=config.network, env=config.env,
-                provider=provider or getattr(model, "provider", "anthropic"),
+                provider=provider or model.provider,
                 repl_timeout_s=config.repl_timeout_s)
             context = await gather_context(backend)
             # Last, so that an agent that could not start leaves no empty conversation.

@@ -160,6 +160,8 @@ class AnthropicModel:
     `http` says how requests go (client, retries, timeouts).
     """
 
+    provider = "anthropic"
+
     def __init__(self, model: str, base_url: str = "https://api.anthropic.com",
                  api_key: str | None = None, *, context_tokens: int | None = None,
                  key_hint: str = "$ANTHROPIC_API_KEY", http: HTTPOptions = HTTPOptions()) -> None:

@@ -45,6 +45,9 @@ class ContextBudget(msgspec.Struct, frozen=True):
 
 class Model(Protocol):
     name: str
+    # The request shape it sends, one of agent.providers.PROVIDERS: what the pictures of a
+    # request are fitted to.
+    provider: str
 
     def context_budget(self) -> ContextBudget: ...
 

@@ -158,6 +158,8 @@ class OpenAIChatModel:
     started). `http` says how requests go (client, retries, timeouts).
     """
 
+    provider = "openai"
+
     def __init__(self, model: str, base_url: str = "https://api.openai.com/v1",
                  api_key: str | None = None, *, context_tokens: int | None = None,
                  key_hint: str = "$OPENAI_API_KEY", http: HTTPOptions = HTTPOptions()) -> None:
