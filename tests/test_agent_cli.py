@@ -239,6 +239,25 @@ def test_ask_mode_yes_no_always(server, place, module_daemon):
     assert results[2:] == ["three\n[exit code 0]", "four\n[exit code 0]"]
 
 
+def test_a_spinner_counts_the_time_while_a_tool_runs(server, place, module_daemon):
+    go = os.path.join(place.workspace, "go")
+    server.push(openai_stream(calls=[Call("run_terminal", {
+        "command": "until [ -e go ]; do sleep 0.05; done; echo went"})]),
+        openai_stream(text="ok"))
+    child = spawn(argv(server, place, "--mode", "auto", "wait for go",
+                       socket=module_daemon.socket), place)
+    child.expect_exact("● run_terminal: until [ -e go ]")
+    child.expect(r"[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] run_terminal \d+\.\ds")
+    child.expect(r"run_terminal [1-9]\d*\.\ds")  # it counts on, past the first second
+    with open(go, "w"):
+        pass
+    child.expect_exact("⎿ went  [exit code 0]")
+    child.expect_exact("[completed] 2 steps, 1 tool call")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 def test_ctrl_c_mid_tool_interrupts_and_leaves_no_process(server, place):
     server.push(openai_stream(calls=[Call("run_terminal", {"command": "sleep 4343"})]))
     child = spawn(argv(server, place, "--mode", "auto", "wait a while"), place)
