@@ -194,7 +194,7 @@ class Run:
     async def main(self) -> int:
         import trio
 
-        from agent.conversation import ConversationBusy
+        from agent.conversation import ConversationError
         from agent.linereader import LineReader
         from agent.turn import Agent, AgentConfig
         from toolsd.client import ToolsdError
@@ -215,7 +215,7 @@ class Run:
                                 approve=term.approve if args.mode == "ask" else None,
                                 config=AgentConfig(max_steps=args.max_steps),
                                 socket=self.socket, resume="latest" if args.resume else None)
-                        except (ToolsdError, ConversationBusy, FileNotFoundError) as e:
+                        except (ToolsdError, ConversationError, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
                             code = 1
                         else:

@@ -29,13 +29,22 @@ import msgspec
 from agent.history import AssistantMessage, Message, ToolResult, history_decoder, \
     history_encoder
 
-__all__ = ["Conversation", "ConversationStore", "ConversationBusy", "default_root"]
+__all__ = ["Conversation", "ConversationStore", "ConversationError", "ConversationBusy",
+           "ConversationDamaged", "default_root"]
 
 HISTORY = "history.json"
 EVENTS = "events.jsonl"
 
 
-class ConversationBusy(Exception):
+class ConversationError(Exception):
+    """A conversation that cannot be opened; the message says why and what to do."""
+
+
+class ConversationBusy(ConversationError):
+    pass
+
+
+class ConversationDamaged(ConversationError):
     pass
 
 
@@ -105,10 +114,20 @@ class Conversation:
                                    f"that one or start a new conversation") from None
         self.messages: list[Message] = []
         path = os.path.join(folder, HISTORY)
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                self.messages = list(history_decoder.decode(f.read()))
-        self._events = open(os.path.join(folder, EVENTS), "ab")
+        try:
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    self.messages = list(history_decoder.decode(f.read()))
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            os.close(self._lock_fd)
+            raise ConversationDamaged(
+                f"conversation {self.id} cannot be read: its {HISTORY} is damaged ({e}); "
+                f"start a new conversation, or move {folder} away") from None
+        self._events = open(os.path.join(folder, EVENTS), "ab+")
+        if self._events.tell() and not self._ends_a_line():
+            # A write cut off (the process killed mid-line, a full disk): the next event
+            # starts a line of its own, and events() passes over the torn one.
+            self._events.write(b"\n")
         self._recover()
 
     # ------------------------------------------------------------ messages
@@ -157,8 +176,23 @@ class Conversation:
         return event
 
     def events(self) -> list[dict]:
+        """The events logged, in order; a line torn by a write cut off is passed over."""
+        found = []
         with open(os.path.join(self.folder, EVENTS), "rb") as f:
-            return [msgspec.json.decode(line) for line in f if line.strip()]
+            for line in f:
+                try:
+                    event = msgspec.json.decode(line)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(event, dict) and "type" in event:
+                    found.append(event)
+        return found
+
+    def _ends_a_line(self) -> bool:
+        self._events.seek(-1, os.SEEK_END)
+        last = self._events.read(1)
+        self._events.seek(0, os.SEEK_END)
+        return last == b"\n"
 
     def outcomes(self) -> dict[int, str]:
         """turn number -> outcome, for every turn that started."""

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from agent.conversation import ConversationBusy, ConversationStore
+from agent.conversation import ConversationBusy, ConversationDamaged, ConversationStore
 from agent.history import AssistantMessage, UserMessage
 from agent.models.scripted import ScriptedModel, reply
 from agent.turn import Agent
@@ -125,3 +125,33 @@ async def test_an_agent_that_cannot_start_leaves_no_session_and_no_conversation(
     with kit.daemon.client() as c:
         assert c.session_list()["sessions"] == []
     assert ConversationStore(kit.workspace, kit.store).ids() == []
+
+
+async def test_an_event_line_torn_by_a_kill_is_passed_over(kit):
+    """A process killed mid-write leaves half a line: the log still reads, the turn it was
+    in is marked interrupted, and the next event starts a line of its own."""
+    first = await kit.open([reply("one")])
+    await first.run_turn("first")
+    await first.aclose()
+    with open(os.path.join(first.conversation.folder, "events.jsonl"), "ab") as f:
+        f.write(b'{"t": 1.0, "turn": 2, "type": "turn_start", "prompt": "sec')
+    agent = await kit.open([reply("two")], resume="latest")
+    assert agent.conversation.outcomes() == {1: "completed"}
+    assert (await agent.run_turn("second")).outcome == "completed"
+    assert agent.conversation.outcomes() == {1: "completed", 2: "completed"}
+
+
+async def test_a_damaged_history_says_so_and_what_to_do(kit):
+    first = await kit.open([reply("one")])
+    await first.run_turn("first")
+    await first.aclose()
+    folder = first.conversation.folder
+    with open(os.path.join(folder, "history.json"), "w") as f:
+        f.write('[{"type": "user", "content": [{"type": "te')
+    with pytest.raises(ConversationDamaged) as e:
+        await kit.open(resume="latest")
+    assert str(e.value).startswith(f"conversation {first.conversation.id} cannot be read: its "
+                                   f"history.json is damaged (")
+    assert str(e.value).endswith(f"); start a new conversation, or move {folder} away")
+    # Nothing of it is held: a new conversation opens, and so would this one, mended.
+    assert (await (await kit.open([reply("fresh")])).run_turn("hi")).outcome == "completed"
