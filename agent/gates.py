@@ -30,7 +30,7 @@ from typing import Literal
 import msgspec
 
 from agent.history import ToolCall
-from agent.tools import READ_ONLY
+from agent.tools import READ_ONLY, spec
 
 __all__ = ["Mode", "Gate", "Decision", "Approver", "shell_write", "python_write", "node_write",
            "plan_refusal"]
@@ -68,6 +68,8 @@ class Gate:
     async def check(self, call: ToolCall) -> Decision:
         if call.name in READ_ONLY or self.mode is Mode.AUTO:
             return Decision(True)
+        if call.error is not None or spec(call.name) is None:
+            return Decision(True)  # nothing runs: the backend tells the model what is wrong
         if self.mode is Mode.PLAN:
             reason = plan_refusal(call)
             if reason is None:

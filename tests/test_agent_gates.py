@@ -7,7 +7,7 @@ import os
 import pytest
 
 from agent.gates import node_write, python_write, shell_write
-from agent.history import ToolResult
+from agent.history import ToolCall, ToolResult
 from agent.models.scripted import call, reply
 import agentkit
 from conftest import needs_bwrap
@@ -121,6 +121,9 @@ async def test_ask_mode_asks_before_commands_not_before_reads(kit):
 
     agent = await kit.open([
         reply("", call("process_output", id="bg0")),
+        # Nothing to ask about: these cannot run, and the model is told why.
+        reply("", ToolCall("c1", "run_terminal", {}, error="the arguments are not JSON"),
+              call("make_coffee")),
         reply("", call("run_terminal", command="touch declined")),
         reply("", call("run_terminal", command="touch approved")),
         reply("", call("run_terminal", command="touch again")),
@@ -130,6 +133,8 @@ async def test_ask_mode_asks_before_commands_not_before_reads(kit):
     assert asked == ["run_terminal", "run_terminal"]  # not for the read, not after "always"
     assert sorted(os.listdir(kit.workspace)) == ["again", "approved"]
     seen = results(agent.model)
-    assert seen[1].startswith("The user declined this call.")
+    assert seen[1:3] == ["Your call of 'run_terminal' could not be read: the arguments are not "
+                         "JSON", seen[2]] and seen[2].startswith("There is no tool 'make_coffee'")
+    assert seen[3].startswith("The user declined this call.")
     approvals = [e for e in agent.conversation.events() if e["type"] == "approval"]
     assert [(e["allowed"], e["asked"]) for e in approvals] == [(False, True), (True, True)]
