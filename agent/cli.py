@@ -16,7 +16,8 @@ events.jsonl, agent/conversation.py) as JSON lines on stdout; questions stay on 
 
 Ctrl-C during a turn cancels it (it ends `interrupted`: its command is ended, its REPLs too);
 a second Ctrl-C, one at the prompt, SIGTERM or SIGHUP exits. At exit the session ends, and
-every background process with it. The daemon: agent/own_daemon.py.
+every background process with it. The daemon: agent/own_daemon.py; what is written while it
+runs: agent/terminal.py.
 
 Only argparse is imported with this module (it is registered on every `toolsd` command line);
 the agent's modules are imported when the command runs.
@@ -25,17 +26,14 @@ the agent's modules are imported when the command runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import enum
 import os
-import shutil
 import signal
 import sys
 
 EXIT_CODES = {"completed": 0, "failed": 1, "budget_exhausted": 3, "interrupted": 130}
 DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-SPINNER_TICK_S = 0.1
 
 
 def positive_int(text: str) -> int:
@@ -166,7 +164,7 @@ class Run:
         self.socket = socket
         self.phase = Phase.STARTING
         self.agent = None
-        self.term: Terminal | None = None
+        self.term = None  # its Terminal (agent/terminal.py), made in main
         self.exit_scope = None
 
     def move(self, to: Phase) -> None:
@@ -196,6 +194,7 @@ class Run:
 
         from agent.conversation import ConversationError
         from agent.linereader import LineReader
+        from agent.terminal import Terminal
         from agent.turn import Agent, AgentConfig
         from toolsd.client import ToolsdError
 
@@ -261,162 +260,3 @@ class Run:
             code = EXIT_CODES.get(result.outcome, 1)
             if not interactive:
                 return code
-
-
-class Terminal:
-    """What a run writes (see the module): the model's text to stdout, everything else to
-    stderr, or with `json_mode` the events as JSON lines to stdout. It owns the spinner (a
-    task in `nursery`, on a terminal only) and keeps the model's text and its own lines on
-    separate lines."""
-
-    def __init__(self, nursery, reader, *, json_mode: bool, on_gone, out=None, err=None):
-        import msgspec
-
-        from agent.screen import glyphs_for
-
-        self.out = out or sys.stdout
-        self.err = err or sys.stderr
-        self.nursery = nursery
-        self.reader = reader
-        self.json_mode = json_mode
-        self.live = self.err.isatty() and not json_mode
-        self.glyphs = glyphs_for(self.err.encoding)
-        self._encode = msgspec.json.Encoder().encode
-        self._text_open = False  # the model's text so far does not end with a newline
-        self._spinner = None  # the CancelScope of the running spinner
-        self.on_gone = on_gone  # called once if stdout or stderr is closed under us
-        self._gone = False
-
-    @staticmethod
-    def width() -> int:
-        return max(40, shutil.get_terminal_size((100, 24)).columns - 1)
-
-    # ------------------------------------------------------------ writing
-
-    def text(self, chunk: str) -> None:
-        from agent.screen import printable
-
-        if self.json_mode or not chunk:
-            return
-        self._stop_spinner()
-        self._write(self.out, printable(chunk))
-        self._text_open = not chunk.endswith("\n")
-
-    def _write(self, stream, text: str) -> None:
-        """Write and flush; a reader that went away (`| head`) ends the run."""
-        if self._gone:
-            return
-        try:
-            stream.write(text)
-            stream.flush()
-        except (BrokenPipeError, ValueError):
-            self._gone = True
-            # Both to the null device, so that the exit's own flush is quiet too.
-            null = os.open(os.devnull, os.O_WRONLY)
-            for s in (self.out, self.err):
-                with contextlib.suppress(OSError, ValueError):
-                    os.dup2(null, s.fileno())
-            os.close(null)
-            self.on_gone()
-
-    def _end_text(self) -> None:
-        if self._text_open:
-            self._write(self.out, "\n")
-            self._text_open = False
-
-    def say(self, line: str) -> None:
-        """A line on stderr, below whatever the model wrote, the spinner cleared. Printable:
-        it may hold what a server said (a failed turn's reason)."""
-        from agent.screen import printable
-
-        self._stop_spinner()
-        self._end_text()
-        self._write(self.err, printable(line) + "\n")
-
-    def event(self, event: dict) -> None:
-        from agent import screen
-
-        if self.json_mode:
-            self._write(self.out, self._encode(event).decode() + "\n")
-            return
-        kind, width, g = event["type"], self.width(), self.glyphs
-        if kind == "tool_call":
-            self.say(screen.call_line(event, width, g))
-            self._start_spinner(event["name"])
-        elif kind == "tool_result":
-            self.say(screen.result_line(event, width, g))
-        elif kind == "refused":
-            self.say("  (the model found the request too long: older messages are summarized "
-                     "and it is asked again)")
-        elif kind == "request" and event.get("kind") == "final_report":
-            self.say("  (the turn's step budget is spent: the model is asked for a report)")
-
-    def outcome(self, result) -> None:
-        from agent.screen import outcome_line
-
-        if not self.json_mode:
-            self.say(outcome_line(result.outcome, result.steps, result.tool_calls,
-                                  result.reason))
-
-    # ------------------------------------------------------------ reading
-
-    async def ask_prompt(self) -> str | None:
-        self._end_text()
-        if sys.stdin.isatty():
-            self._write(self.err, "> ")
-        return await self.reader.readline()
-
-    async def approve(self, call):
-        """Ask mode: y, n, or always for this tool. The end of input declines."""
-        from agent.screen import approval_question, read_answer
-
-        question = approval_question(call.name, call.arguments, self.width(), self.glyphs)
-        self._stop_spinner()
-        self._end_text()
-        while True:
-            self._write(self.err, question)
-            line = await self.reader.readline()
-            if line is None:
-                self.say("  (end of input: declined)")
-                return False
-            answer = read_answer(line)
-            if answer is not None:
-                break
-            self._write(self.err, "  Answer y, n or a.\n")
-        if answer:
-            self._start_spinner(call.name)
-        return answer
-
-    # ------------------------------------------------------------ the spinner
-
-    def _start_spinner(self, name: str) -> None:
-        import trio
-
-        if not self.live:
-            return
-        self._stop_spinner()
-        self._spinner = scope = trio.CancelScope()
-        self.nursery.start_soon(self._spin, name, scope)
-
-    def _stop_spinner(self) -> None:
-        if self._spinner is not None:
-            self._spinner.cancel()
-            self._spinner = None
-            self._write(self.err, "\r\x1b[K")
-
-    async def _spin(self, name: str, scope) -> None:
-        import itertools
-
-        import trio
-
-        from agent.screen import spinner_line
-
-        started = trio.current_time()
-        with scope:
-            for tick in itertools.count():
-                if scope.cancel_called:  # stopped before this task first ran
-                    return
-                line = spinner_line(name, trio.current_time() - started, tick, self.width(),
-                                    self.glyphs)
-                self._write(self.err, "\r" + line + "\x1b[K")
-                await trio.sleep(SPINNER_TICK_S)
