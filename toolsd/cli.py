@@ -8,9 +8,9 @@ import os
 import re
 import sys
 
-from .client import Client, ToolsdError
-from .paths import default_state_dir, resolve_socket_path
-from .protocol import DEFAULT_MAX_FRAME
+from toolsd.client import Client, ToolsdError
+from toolsd.paths import default_state_dir, resolve_socket_path
+from toolsd.protocol import DEFAULT_MAX_FRAME
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +113,7 @@ def connect(args) -> Client:
 def hidden_and_shown(hide: list[str], show: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """`--hide` paths (absolute) and `--show` entries (relative to the home), checked;
     ValueError says what cannot be done and why."""
-    from . import home
+    from toolsd import home
 
     hidden = tuple(os.path.abspath(os.path.expanduser(h)) for h in hide)
     for path in hidden:
@@ -132,9 +132,9 @@ def hidden_and_shown(hide: list[str], show: list[str]) -> tuple[tuple[str, ...],
 
 
 def cmd_serve(args) -> int:
-    from . import daemon
-    from .sandbox import Limits
-    from .supervisor import Config
+    from toolsd import daemon
+    from toolsd.sandbox import Limits
+    from toolsd.supervisor import Config
 
     daemon.setup_logging(args.verbose)
     path = socket_of(args)
@@ -189,7 +189,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .supervisor import probe_bwrap
+    from toolsd.supervisor import probe_bwrap
 
     bwrap, why_not = probe_bwrap()
     if bwrap:
@@ -228,11 +228,11 @@ def cmd_exec(args) -> int:
 
         return 128 + int(getattr(signal, result["signal"] or "SIGKILL", signal.SIGKILL))
     return result["exit_code"]
-from . import cli_image as _cli_image  # noqa: E402
+from toolsd import cli_image as _cli_image  # noqa: E402
 _extra_commands.append(_cli_image.add_parser)
-from . import cli_processes as _cli_processes  # noqa: E402
+from toolsd import cli_processes as _cli_processes  # noqa: E402
 _extra_commands.append(_cli_processes.add_parser)
-from . import cli_repl as _cli_repl  # noqa: E402
+from toolsd import cli_repl as _cli_repl  # noqa: E402
 _extra_commands.append(_cli_repl.add_parser)
 from agent import cli as _agent_cli  # noqa: E402
 _extra_commands.append(_agent_cli.add_parser)

@@ -31,7 +31,7 @@ def add_parser(sub, common) -> None:
 
 
 def cmd_image(args) -> int:
-    from .cli import connect
+    from toolsd.cli import connect
 
     workspace = os.path.abspath(args.workspace or os.getcwd())
     with connect(args) as c:

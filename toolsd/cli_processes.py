@@ -13,7 +13,7 @@ import shutil
 import sys
 import time
 
-from .processes import MARKER_SINCE
+from toolsd.processes import MARKER_SINCE
 
 # Each read asks for at most this many characters; a longer stretch comes back as head, marker
 # and tail, and the marker says where to carry on right after the head. Small enough that one
@@ -50,7 +50,7 @@ def add_parser(sub, common) -> None:
 
 
 def _connect(args):
-    from .cli import connect  # cli imports this module at its end: import here, not at top
+    from toolsd.cli import connect  # cli imports this module at its end: import here, not at top
 
     return connect(args)
 

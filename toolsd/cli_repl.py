@@ -15,7 +15,7 @@ import codeop
 import os
 import sys
 
-from .client import Client, ToolsdError
+from toolsd.client import Client, ToolsdError
 
 PROMPTS = {"python": (">>> ", "... "), "node": ("> ", "... ")}
 
@@ -101,7 +101,7 @@ def show(result: dict) -> None:
 
 
 def cmd_repl(args: argparse.Namespace) -> int:
-    from .cli import socket_of
+    from toolsd.cli import socket_of
 
     try:
         import readline  # noqa: F401  (line editing and history for input())

@@ -25,9 +25,9 @@ from typing import Any
 
 import msgspec
 
-from .framing import FrameReader, encode_frame
-from .paths import resolve_socket_path
-from .protocol import DEFAULT_MAX_FRAME, ToolsdError
+from toolsd.framing import FrameReader, encode_frame
+from toolsd.paths import resolve_socket_path
+from toolsd.protocol import DEFAULT_MAX_FRAME, ToolsdError
 
 __all__ = ["Client", "AsyncClient", "ToolsdError", "ConnectionLost", "CONNECT_WAIT_S"]
 

@@ -15,10 +15,10 @@ import sys
 
 import trio
 
-from . import server
-from .paths import ensure_private_dir
-from .state import StateInUse
-from .supervisor import Config, Supervisor, probe_bwrap
+from toolsd import server
+from toolsd.paths import ensure_private_dir
+from toolsd.state import StateInUse
+from toolsd.supervisor import Config, Supervisor, probe_bwrap
 
 log = logging.getLogger("toolsd")
 

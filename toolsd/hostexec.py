@@ -32,7 +32,7 @@ import stat
 import struct
 import threading
 
-from . import gitconfig
+from toolsd import gitconfig
 
 log = logging.getLogger("toolsd.hostexec")
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import trio
 from PIL import Image, ImageOps
 
-from . import shell, threads
-from .fdio import READ_SIZE
-from .launcher import LauncherDied, LauncherError, LauncherLimit
-from .protocol import (
+from toolsd import shell, threads
+from toolsd.fdio import READ_SIZE
+from toolsd.launcher import LauncherDied, LauncherError, LauncherLimit
+from toolsd.protocol import (
     BAD_PARAMS,
     IMAGE_TOO_LARGE,
     IO_ERROR,

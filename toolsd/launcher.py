@@ -34,7 +34,7 @@ log = logging.getLogger("toolsd.launcher")
 
 import driver
 
-from . import proctree, threads
+from toolsd import proctree, threads
 
 LAUNCHER_PY = os.path.join(os.path.dirname(os.path.abspath(driver.__file__)), "launcher.py")
 MAX_MSG = 1 << 18  # more than any datagram the default socket buffers let through

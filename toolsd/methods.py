@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import trio
 
-from . import images, processes, repl, shell
-from .protocol import (
+from toolsd import images, processes, repl, shell
+from toolsd.protocol import (
     FEATURES,
     UNSET,
     CancelParams,

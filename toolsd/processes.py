@@ -25,8 +25,8 @@ from functools import partial
 import psutil
 import trio
 
-from . import proctree, threads
-from .output import (
+from toolsd import proctree, threads
+from toolsd.output import (
     CappedLog,
     Ring,
     UntilPattern,
@@ -36,7 +36,7 @@ from .output import (
     head_piece,
     tail_piece,
 )
-from .protocol import (
+from toolsd.protocol import (
     BAD_PARAMS,
     IO_ERROR,
     LIMIT_EXCEEDED,
@@ -50,7 +50,7 @@ from .protocol import (
     ProcessStopResult,
     ToolsdError,
 )
-from .shell import end_tree, pump, signal_name, spawn_shell
+from toolsd.shell import end_tree, pump, signal_name, spawn_shell
 
 logger = logging.getLogger("toolsd.processes")
 

@@ -67,15 +67,22 @@ import uuid as uuidlib
 import msgspec
 import trio
 
-from . import proctree, threads
-from .launcher import KILL_THREADS
-from .output import HeadTail, Ring
-from .protocol import (BAD_PARAMS, NOT_FOUND, UNSET, ReplExecParams, ReplExecResult,
-                       ReplImage, ToolsdError)
-from .sentinel import Sentinel, SentinelScanner
-from .session import DRIVER_DIR
-from .shell import KILL_GRACE_S, end_tree, pump, signal_name, spawn_with_pipe
-from .spill import tee
+from toolsd import proctree, threads
+from toolsd.launcher import KILL_THREADS
+from toolsd.output import HeadTail, Ring
+from toolsd.protocol import (
+    BAD_PARAMS,
+    NOT_FOUND,
+    UNSET,
+    ReplExecParams,
+    ReplExecResult,
+    ReplImage,
+    ToolsdError,
+)
+from toolsd.sentinel import Sentinel, SentinelScanner
+from toolsd.session import DRIVER_DIR
+from toolsd.shell import KILL_GRACE_S, end_tree, pump, signal_name, spawn_with_pipe
+from toolsd.spill import tee
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]
 

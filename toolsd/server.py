@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
-from . import answer as answers, methods
-from .fdio import READ_SIZE, FdReader, write_all
-from .framing import FrameReader, FrameTooLarge, encode_frame
-from .protocol import (
+from toolsd import answer as answers, methods
+from toolsd.fdio import READ_SIZE, FdReader, write_all
+from toolsd.framing import FrameReader, FrameTooLarge, encode_frame
+from toolsd.protocol import (
     BAD_FRAME,
     BAD_PARAMS,
     CANCELLED,
@@ -42,7 +42,7 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from toolsd.supervisor import Supervisor
 
 log = logging.getLogger("toolsd.server")
 

@@ -20,9 +20,9 @@ import uuid
 
 import trio
 
-from . import cgroups, home, hostexec, sandbox
-from .launcher import Launcher, LauncherError
-from .protocol import (
+from toolsd import cgroups, home, hostexec, sandbox
+from toolsd.launcher import Launcher, LauncherError
+from toolsd.protocol import (
     BAD_PARAMS,
     NOT_FOUND,
     SANDBOX_UNAVAILABLE,
@@ -30,7 +30,7 @@ from .protocol import (
     UNSET,
     ToolsdError,
 )
-from .spill import Spills
+from toolsd.spill import Spills
 
 log = logging.getLogger("toolsd.session")
 
@@ -414,7 +414,7 @@ class Session:
             return self.close_result
         self._closing = True
         self.closed = True
-        from .protocol import SessionCloseResult
+        from toolsd.protocol import SessionCloseResult
 
         with trio.CancelScope(shield=True):
             repls = 0

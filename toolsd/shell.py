@@ -14,12 +14,12 @@ import time
 
 import trio
 
-from . import answer as answers, proctree, threads
-from .fdio import READ_SIZE, FdReader
-from .launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
-from .output import HeadTail
-from .shell_argv import shell_argv
-from .protocol import (
+from toolsd import answer as answers, proctree, threads
+from toolsd.fdio import READ_SIZE, FdReader
+from toolsd.launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
+from toolsd.output import HeadTail
+from toolsd.shell_argv import shell_argv
+from toolsd.protocol import (
     BAD_PARAMS,
     LIMIT_EXCEEDED,
     SESSION_CLOSED,
@@ -27,7 +27,7 @@ from .protocol import (
     ShellRunResult,
     ToolsdError,
 )
-from .spill import tee
+from toolsd.spill import tee
 
 # After the command exits (and its leftovers are ended) we read what is already in the pipe for
 # at most this long: enough to drain a full pipe, short enough that a descriptor smuggled out of

@@ -10,7 +10,7 @@ import fcntl
 import os
 import shutil
 
-from .paths import ensure_private_dir
+from toolsd.paths import ensure_private_dir
 
 
 class StateInUse(Exception):

@@ -17,10 +17,10 @@ import time
 
 import trio
 
-from . import __version__, cgroups
-from .protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
-from .sandbox import Limits
-from .state import StateDir
+from toolsd import __version__, cgroups
+from toolsd.protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
+from toolsd.sandbox import Limits
+from toolsd.state import StateDir
 
 log = logging.getLogger("toolsd.supervisor")
 
@@ -129,7 +129,7 @@ class Supervisor:
     # ------------------------------------------------------------ sessions
 
     async def open_session(self, params):
-        from .session import Session  # session imports the launcher; keep startup light
+        from toolsd.session import Session  # session imports the launcher; keep startup light
 
         if self.closing:
             raise ToolsdError(SESSION_CLOSED, "toolsd is shutting down; start it again")
@@ -178,7 +178,7 @@ class Supervisor:
             self.nursery.start_soon(self._make_spare, params)
 
     async def _make_spare(self, params) -> None:
-        from .session import Session
+        from toolsd.session import Session
 
         spare = session = None
         try:
