@@ -25,13 +25,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench import ms, report, running_daemon, stats, timed, trio_echo, us  # noqa: E402
 
+from driver import PYTHON_REPL  # noqa: E402
 from toolsd.client import Client  # noqa: E402
 from toolsd.sentinel import SentinelScanner  # noqa: E402
 
 # The interpreter binary itself, not a version manager's shim in front of it: every anchor
 # and the sandboxed REPL then run the same Python.
 PYTHON = os.path.realpath(sys.executable)
-DRIVER = os.path.join(ROOT, "driver", "python_repl.py")
+DRIVER = PYTHON_REPL
 
 ROUND_TRIPS = 2000
 JUPYTER_ROUND_TRIPS = 300

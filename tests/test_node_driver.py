@@ -13,10 +13,11 @@ try:
 except ImportError:  # tests/ became a package
     from tests.test_python_driver import DriverProcess
 
+from driver import NODE_REPL
 from toolsd.repl import interpreter_argv
 from toolsd.sentinel import format_sentinel
 
-DRIVER = Path(__file__).resolve().parent.parent / "driver" / "node_repl.js"
+DRIVER = Path(NODE_REPL)
 NODE = shutil.which("node")
 
 pytestmark = pytest.mark.skipif(

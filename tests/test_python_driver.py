@@ -13,9 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from driver import PYTHON_REPL
 from toolsd.sentinel import MARKER_PREFIX, SentinelScanner, format_sentinel
 
-DRIVER = Path(__file__).resolve().parent.parent / "driver" / "python_repl.py"
+DRIVER = Path(PYTHON_REPL)
 # Safety net against a hung driver, not a timing assertion.
 STUCK_S = 30
 

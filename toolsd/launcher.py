@@ -30,13 +30,11 @@ import msgspec
 import psutil
 import trio
 
-log = logging.getLogger("toolsd.launcher")
-
-import driver
-
+from driver import LAUNCHER_PY
 from toolsd import proctree, threads
 
-LAUNCHER_PY = os.path.join(os.path.dirname(os.path.abspath(driver.__file__)), "launcher.py")
+log = logging.getLogger("toolsd.launcher")
+
 MAX_MSG = 1 << 18  # more than any datagram the default socket buffers let through
 MAX_FDS = 4
 ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)

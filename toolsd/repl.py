@@ -79,8 +79,8 @@ from toolsd.protocol import (
     ReplImage,
     ToolsdError,
 )
+from driver import NODE_REPL, PYTHON_REPL
 from toolsd.sentinel import Sentinel, SentinelScanner
-from toolsd.session import DRIVER_DIR
 from toolsd.shell import KILL_GRACE_S, end_tree, pump, signal_name, spawn_with_pipe
 from toolsd.spill import tee
 
@@ -102,8 +102,8 @@ LATE_BYTES = 64 * 1024
 WAKE_SIGNAL = signal.SIGURG
 
 DRIVERS = {
-    "python": os.path.join(DRIVER_DIR, "python_repl.py"),
-    "node": os.path.join(DRIVER_DIR, "node_repl.js"),
+    "python": PYTHON_REPL,
+    "node": NODE_REPL,
 }
 # In the session's scratch: where the Python driver saves the pictures of its calls (1.1
 # "figures"; driver/python_figures.py bounds their number and size).

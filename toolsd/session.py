@@ -20,6 +20,7 @@ import uuid
 
 import trio
 
+from driver import DRIVER_DIR
 from toolsd import cgroups, home, hostexec, sandbox
 from toolsd.launcher import Launcher, LauncherError
 from toolsd.protocol import (
@@ -33,9 +34,6 @@ from toolsd.protocol import (
 from toolsd.spill import Spills
 
 log = logging.getLogger("toolsd.session")
-
-DRIVER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "driver")
-LAUNCHER_PY = os.path.join(DRIVER_DIR, "launcher.py")
 
 
 def check_workspace(path: str) -> str:
