@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import IO
 
 from toolsd.client import Client
-from toolsd.paths import resolve_socket_path
+from toolsd.wire.paths import resolve_socket_path
 
 __all__ = ["OwnDaemon", "DaemonFailed", "answers", "toolsd_socket"]
 

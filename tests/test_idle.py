@@ -18,7 +18,7 @@ import pytest
 from conftest import RunningDaemon, has_ended, needs_bwrap, wait_for, wait_gone
 from toolsd.cli import duration
 from toolsd.client import ToolsdError
-from toolsd.framing import encode_frame
+from toolsd.wire.framing import encode_frame
 from toolsd.session import Activity
 
 pytestmark = needs_bwrap

@@ -19,7 +19,7 @@ import trio
 
 from conftest import module_daemon, short_tempdir
 from toolsd.client import AsyncClient, Client, ConnectionLost
-from toolsd.framing import FrameReader, encode_frame
+from toolsd.wire.framing import FrameReader, encode_frame
 
 CONNECTIONS = 600
 

@@ -15,7 +15,7 @@ import trio
 
 from conftest import has_ended, needs_bwrap, wait_for, wait_gone
 from toolsd.client import ToolsdError
-from toolsd.framing import FrameReader
+from toolsd.wire.framing import FrameReader
 
 
 def test_output_and_exit_code(client, session):

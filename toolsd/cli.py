@@ -9,8 +9,8 @@ import re
 import sys
 
 from toolsd.client import Client, ToolsdError
-from toolsd.paths import default_state_dir, resolve_socket_path
-from toolsd.protocol import DEFAULT_MAX_FRAME
+from toolsd.wire.paths import default_state_dir, resolve_socket_path
+from toolsd.wire.protocol import DEFAULT_MAX_FRAME
 
 
 def main(argv: list[str] | None = None) -> int:

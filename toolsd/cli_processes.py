@@ -13,7 +13,7 @@ import shutil
 import sys
 import time
 
-from toolsd.processes import MARKER_SINCE
+from toolsd.wire.protocol import MARKER_SINCE
 
 # Each read asks for at most this many characters; a longer stretch comes back as head, marker
 # and tail, and the marker says where to carry on right after the head. Small enough that one

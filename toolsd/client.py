@@ -25,9 +25,9 @@ from typing import Any
 
 import msgspec
 
-from toolsd.framing import FrameReader, encode_frame
-from toolsd.paths import resolve_socket_path
-from toolsd.protocol import DEFAULT_MAX_FRAME, ToolsdError
+from toolsd.wire.framing import FrameReader, encode_frame
+from toolsd.wire.paths import resolve_socket_path
+from toolsd.wire.protocol import DEFAULT_MAX_FRAME, ToolsdError
 
 __all__ = ["Client", "AsyncClient", "ToolsdError", "ConnectionLost", "CONNECT_WAIT_S"]
 

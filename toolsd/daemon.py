@@ -16,8 +16,7 @@ import sys
 import trio
 
 from toolsd import server
-from toolsd.paths import ensure_private_dir
-from toolsd.state import StateInUse
+from toolsd.state import StateInUse, ensure_private_dir
 from toolsd.supervisor import Config, Supervisor, probe_bwrap
 
 log = logging.getLogger("toolsd")

@@ -30,7 +30,7 @@ from PIL import Image, ImageOps
 from toolsd import shell, threads
 from toolsd.fdio import READ_SIZE
 from toolsd.launcher import LauncherDied, LauncherError, LauncherLimit
-from toolsd.protocol import (
+from toolsd.wire.protocol import (
     BAD_PARAMS,
     IMAGE_TOO_LARGE,
     IO_ERROR,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import trio
 
 from toolsd import images, processes, repl, shell
-from toolsd.protocol import (
+from toolsd.wire.protocol import (
     FEATURES,
     UNSET,
     CancelParams,

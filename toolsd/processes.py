@@ -18,7 +18,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import time
 from functools import partial
 
@@ -36,10 +35,11 @@ from toolsd.output import (
     head_piece,
     tail_piece,
 )
-from toolsd.protocol import (
+from toolsd.wire.protocol import (
     BAD_PARAMS,
     IO_ERROR,
     LIMIT_EXCEEDED,
+    MARKER,
     SESSION_CLOSED,
     ProcessInfo,
     ProcessListResult,
@@ -440,13 +440,6 @@ async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutp
         id=proc.id, status=proc.status, exit_code=proc.job.exit_code,
         signal=signal_name(proc.job.signal), output=text, next=end,
         dropped_bytes=dropped, truncated=truncated)
-
-
-# The marker between head and tail of a read that does not fit; `toolsd logs` reads the
-# `since=` in it to carry on right after the head.
-MARKER = "\n[... {left} bytes left out; process.output with since={since} reads them ...]\n"
-MARKER_SINCE = re.compile(r"\n\[\.\.\. \d+ bytes left out; process\.output with since=(\d+) "
-                          r"reads them \.\.\.\]\n")
 
 
 async def read_range(proc: BackgroundProcess, start: int, end: int, max_chars: int):

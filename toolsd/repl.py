@@ -70,7 +70,7 @@ import trio
 from toolsd import proctree, threads
 from toolsd.launcher import KILL_THREADS
 from toolsd.output import HeadTail, Ring
-from toolsd.protocol import (
+from toolsd.wire.protocol import (
     BAD_PARAMS,
     NOT_FOUND,
     UNSET,

@@ -23,8 +23,8 @@ import trio
 
 from toolsd import answer as answers, methods
 from toolsd.fdio import READ_SIZE, FdReader, write_all
-from toolsd.framing import FrameReader, FrameTooLarge, encode_frame
-from toolsd.protocol import (
+from toolsd.wire.framing import FrameReader, FrameTooLarge, encode_frame
+from toolsd.wire.protocol import (
     BAD_FRAME,
     BAD_PARAMS,
     CANCELLED,

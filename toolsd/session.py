@@ -23,7 +23,7 @@ import trio
 from driver import DRIVER_DIR
 from toolsd import cgroups, home, hostexec, sandbox
 from toolsd.launcher import Launcher, LauncherError
-from toolsd.protocol import (
+from toolsd.wire.protocol import (
     BAD_PARAMS,
     NOT_FOUND,
     SANDBOX_UNAVAILABLE,
@@ -412,7 +412,7 @@ class Session:
             return self.close_result
         self._closing = True
         self.closed = True
-        from toolsd.protocol import SessionCloseResult
+        from toolsd.wire.protocol import SessionCloseResult
 
         with trio.CancelScope(shield=True):
             repls = 0

@@ -19,7 +19,7 @@ from toolsd.fdio import READ_SIZE, FdReader
 from toolsd.launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
 from toolsd.output import HeadTail
 from toolsd.shell_argv import shell_argv
-from toolsd.protocol import (
+from toolsd.wire.protocol import (
     BAD_PARAMS,
     LIMIT_EXCEEDED,
     SESSION_CLOSED,

@@ -10,11 +10,23 @@ import fcntl
 import os
 import shutil
 
-from toolsd.paths import ensure_private_dir
-
 
 class StateInUse(Exception):
     pass
+
+
+def ensure_private_dir(path: str) -> None:
+    """Create `path` 0700 if missing. An existing folder is used as it is (never chmod'ed:
+    `--socket /tmp/x.sock` must not close /tmp to everyone), but it must be ours."""
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.stat(path)
+    if st.st_uid != os.getuid():
+        raise PermissionError(
+            f"{path} belongs to uid {st.st_uid}, not to us; choose another --socket or --state-dir"
+        )
 
 
 # Counter values reserved per write: a write is an fsync, which costs a millisecond or more and

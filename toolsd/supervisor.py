@@ -18,7 +18,7 @@ import time
 import trio
 
 from toolsd import __version__, cgroups
-from toolsd.protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
+from toolsd.wire.protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
 from toolsd.sandbox import Limits
 from toolsd.state import StateDir
 

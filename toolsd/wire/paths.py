@@ -24,16 +24,3 @@ def default_state_dir(socket_path: str) -> str:
     """Beside the socket: what must survive a restart (process id counter, logs)."""
     return os.path.join(os.path.dirname(socket_path), "state")
 
-
-def ensure_private_dir(path: str) -> None:
-    """Create `path` 0700 if missing. An existing folder is used as it is (never chmod'ed:
-    `--socket /tmp/x.sock` must not close /tmp to everyone), but it must be ours."""
-    try:
-        os.makedirs(path, mode=0o700)
-    except FileExistsError:
-        pass
-    st = os.stat(path)
-    if st.st_uid != os.getuid():
-        raise PermissionError(
-            f"{path} belongs to uid {st.st_uid}, not to us; choose another --socket or --state-dir"
-        )

@@ -7,6 +7,7 @@ Unknown extra params are ignored (msgspec's default), as the contract asks.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 import msgspec
@@ -101,7 +102,7 @@ class HelloResult(Struct):
     features: list[str]
 
 
-class Limits(Struct, frozen=True):
+class SessionLimits(Struct, frozen=True):
     memory_mb: Annotated[int, Meta(ge=16, le=1 << 24)] | None = None
     pids: Annotated[int, Meta(ge=8, le=1 << 22)] | None = None
     cpu_s: Annotated[int, Meta(gt=0, le=1 << 31)] | None = None
@@ -113,7 +114,7 @@ class SessionOpenParams(Struct):
     network: Network = "none"
     writable: bool = True
     env: Env = {}
-    limits: Limits = Limits()
+    limits: SessionLimits = SessionLimits()
 
 
 class SessionOpenResult(Struct):
@@ -339,8 +340,11 @@ class CancelParams(Struct):
     request: int
 
 
-class Empty(Struct):
-    pass
+# The marker between head and tail of a read that does not fit; `toolsd logs` reads the
+# `since=` in it to carry on right after the head.
+MARKER = "\n[... {left} bytes left out; process.output with since={since} reads them ...]\n"
+MARKER_SINCE = re.compile(r"\n\[\.\.\. \d+ bytes left out; process\.output with since=(\d+) "
+                          r"reads them \.\.\.\]\n")
 
 
 # ---------------------------------------------------------------- codecs
