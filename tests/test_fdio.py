@@ -7,7 +7,7 @@ import os
 import pytest
 import trio
 
-from toolsd.fdio import FdReader, write_all
+from toolsd.runtime.fdio import FdReader, write_all
 
 
 @pytest.fixture

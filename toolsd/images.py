@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import trio
 from PIL import Image, ImageOps
 
-from toolsd import shell, threads
-from toolsd.fdio import READ_SIZE
+from toolsd import shell
+from toolsd.runtime import threads
+from toolsd.runtime.fdio import READ_SIZE
 from toolsd.launcher import LauncherDied, LauncherError, LauncherLimit
 from toolsd.wire.protocol import (
     BAD_PARAMS,

@@ -24,7 +24,8 @@ from functools import partial
 import psutil
 import trio
 
-from toolsd import proctree, threads
+from toolsd import proctree
+from toolsd.runtime import threads
 from toolsd.output import (
     CappedLog,
     Ring,

@@ -67,7 +67,8 @@ import uuid as uuidlib
 import msgspec
 import trio
 
-from toolsd import proctree, threads
+from toolsd import proctree
+from toolsd.runtime import threads
 from toolsd.launcher import KILL_THREADS
 from toolsd.output import HeadTail, Ring
 from toolsd.wire.protocol import (

@@ -22,7 +22,7 @@ import msgspec
 import trio
 
 from toolsd import answer as answers, methods
-from toolsd.fdio import READ_SIZE, FdReader, write_all
+from toolsd.runtime.fdio import READ_SIZE, FdReader, write_all
 from toolsd.wire.framing import FrameReader, FrameTooLarge, encode_frame
 from toolsd.wire.protocol import (
     BAD_FRAME,

@@ -14,8 +14,9 @@ import time
 
 import trio
 
-from toolsd import answer as answers, proctree, threads
-from toolsd.fdio import READ_SIZE, FdReader
+from toolsd import answer as answers, proctree
+from toolsd.runtime import threads
+from toolsd.runtime.fdio import READ_SIZE, FdReader
 from toolsd.launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
 from toolsd.output import HeadTail
 from toolsd.shell_argv import shell_argv

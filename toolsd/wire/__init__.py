@@ -1,0 +1,1 @@
+"""The wire contract, shared by the client and the daemon: messages, frames, socket path."""

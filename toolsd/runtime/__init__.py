@@ -1,0 +1,1 @@
+"""trio helpers every layer uses (fd reads and writes, worker-thread pools)."""
