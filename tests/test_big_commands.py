@@ -10,7 +10,7 @@ import pytest
 
 from conftest import daemon_without_bash, module_daemon, needs_bwrap
 from toolsd.client import ToolsdError
-from toolsd.shell_argv import INLINE_MAX
+from toolsd.sandbox.shell_argv import INLINE_MAX
 
 # Over the kernel's 128 KiB for one argument, and over INLINE_MAX.
 BIG = 140_000

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from toolsd.cgroups import Place, join_argv, limit_files, oom_kill_count, own_v1_path
+from toolsd.sandbox.cgroups import Place, join_argv, limit_files, oom_kill_count, own_v1_path
 
 PROC_SELF_CGROUP = """\
 12:pids:/

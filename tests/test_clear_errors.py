@@ -10,7 +10,7 @@ import trio
 
 from conftest import module_daemon, wait_for
 from toolsd.client import AsyncClient, ToolsdError
-from toolsd.sandbox import ENV_MAX_BYTES
+from toolsd.sandbox.policy import ENV_MAX_BYTES
 
 MB = 1 << 20
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from toolsd.gitconfig import ConfigError, parse, runs_code
+from toolsd.sandbox.gitconfig import ConfigError, parse, runs_code
 
 
 def test_sections_subsections_and_case():

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from conftest import RunningDaemon, needs_bwrap, short_tempdir
-from toolsd import home as home_module
+from toolsd.sandbox import home as home_module
 from toolsd.client import ToolsdError
 
 pytestmark = needs_bwrap

@@ -12,9 +12,9 @@ import subprocess
 import pytest
 
 from conftest import short_tempdir
-from toolsd import home
-from toolsd.home import CannotHide, ancestors, check_hideable, plan, show_folder
-from toolsd.sandbox import Policy, bwrap_argv, sandbox_env
+from toolsd.sandbox import home
+from toolsd.sandbox.home import CannotHide, ancestors, check_hideable, plan, show_folder
+from toolsd.sandbox.policy import Policy, bwrap_argv, sandbox_env
 
 
 def touch(path, text="x\n"):

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import RunningDaemon, module_daemon, needs_bwrap, short_tempdir, wait_for, wait_gone
 from toolsd.client import ToolsdError
-from toolsd.launcher import LAUNCHER_PY
+from toolsd.sandbox.launcher import LAUNCHER_PY
 
 pytestmark = needs_bwrap
 

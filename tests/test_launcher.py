@@ -20,7 +20,7 @@ import pytest
 import trio
 import trio.testing
 
-from toolsd.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
+from toolsd.sandbox.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
 from toolsd.session import own_files_under_tmp
 
 BWRAP = shutil.which("bwrap")
@@ -514,7 +514,7 @@ async def test_aclose_leaves_no_process_of_the_sandbox(nursery, wrapper):
 
 DAEMON_SCRIPT = textwrap.dedent("""
     import json, os, sys, trio
-    from toolsd.launcher import Launcher
+    from toolsd.sandbox.launcher import Launcher
 
     async def main():
         env = json.loads(sys.argv[2])

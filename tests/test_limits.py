@@ -10,7 +10,7 @@ from PIL import Image
 
 from conftest import has_ended, needs_bwrap
 from toolsd.client import ToolsdError
-from toolsd import cgroups
+from toolsd.sandbox import cgroups
 
 
 PLACES, WHY_NOT = cgroups.find_places()

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import RunningDaemon, needs_bwrap, wait_for
 from conftest import module_daemon as shared_daemon
-from toolsd import cgroups
+from toolsd.sandbox import cgroups
 
 pytestmark = needs_bwrap
 

@@ -15,8 +15,8 @@ import psutil
 import pytest
 import trio
 
-from toolsd import proctree
-from toolsd.launcher import Launcher
+from toolsd.sandbox import proctree
+from toolsd.sandbox.launcher import Launcher
 from toolsd.session import own_files_under_tmp
 
 BWRAP = shutil.which("bwrap")

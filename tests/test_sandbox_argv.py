@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolsd.sandbox import (
+from toolsd.sandbox.policy import (
     Folder,
     Limits,
     Policy,

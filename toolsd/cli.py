@@ -113,7 +113,7 @@ def connect(args) -> Client:
 def hidden_and_shown(hide: list[str], show: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """`--hide` paths (absolute) and `--show` entries (relative to the home), checked;
     ValueError says what cannot be done and why."""
-    from toolsd import home
+    from toolsd.sandbox import home
 
     hidden = tuple(os.path.abspath(os.path.expanduser(h)) for h in hide)
     for path in hidden:
@@ -133,7 +133,7 @@ def hidden_and_shown(hide: list[str], show: list[str]) -> tuple[tuple[str, ...],
 
 def cmd_serve(args) -> int:
     from toolsd import daemon
-    from toolsd.sandbox import Limits
+    from toolsd.sandbox.policy import Limits
     from toolsd.supervisor import Config
 
     daemon.setup_logging(args.verbose)
@@ -189,7 +189,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from toolsd.supervisor import probe_bwrap
+    from toolsd.sandbox.probe import probe_bwrap
 
     bwrap, why_not = probe_bwrap()
     if bwrap:

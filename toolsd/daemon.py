@@ -17,7 +17,8 @@ import trio
 
 from toolsd import server
 from toolsd.state import StateInUse, ensure_private_dir
-from toolsd.supervisor import Config, Supervisor, probe_bwrap
+from toolsd.supervisor import Config, Supervisor
+from toolsd.sandbox.probe import probe_bwrap
 
 log = logging.getLogger("toolsd")
 

@@ -30,7 +30,7 @@ from PIL import Image, ImageOps
 from toolsd import shell
 from toolsd.runtime import threads
 from toolsd.runtime.fdio import READ_SIZE
-from toolsd.launcher import LauncherDied, LauncherError, LauncherLimit
+from toolsd.sandbox.launcher import LauncherDied, LauncherError, LauncherLimit
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     IMAGE_TOO_LARGE,

@@ -24,7 +24,7 @@ from functools import partial
 import psutil
 import trio
 
-from toolsd import proctree
+from toolsd.sandbox import proctree
 from toolsd.runtime import threads
 from toolsd.output import (
     CappedLog,

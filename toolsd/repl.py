@@ -67,9 +67,9 @@ import uuid as uuidlib
 import msgspec
 import trio
 
-from toolsd import proctree
+from toolsd.sandbox import proctree
 from toolsd.runtime import threads
-from toolsd.launcher import KILL_THREADS
+from toolsd.sandbox.launcher import KILL_THREADS
 from toolsd.output import HeadTail, Ring
 from toolsd.wire.protocol import (
     BAD_PARAMS,

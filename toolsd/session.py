@@ -21,8 +21,8 @@ import uuid
 import trio
 
 from driver import DRIVER_DIR
-from toolsd import cgroups, home, hostexec, sandbox
-from toolsd.launcher import Launcher, LauncherError
+from toolsd.sandbox import cgroups, home, hostexec, policy as sandbox
+from toolsd.sandbox.launcher import Launcher, LauncherError
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     NOT_FOUND,

@@ -14,12 +14,13 @@ import time
 
 import trio
 
-from toolsd import answer as answers, proctree
+from toolsd import answer as answers
+from toolsd.sandbox import proctree
 from toolsd.runtime import threads
 from toolsd.runtime.fdio import READ_SIZE, FdReader
-from toolsd.launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
+from toolsd.sandbox.launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
 from toolsd.output import HeadTail
-from toolsd.shell_argv import shell_argv
+from toolsd.sandbox.shell_argv import shell_argv
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     LIMIT_EXCEEDED,

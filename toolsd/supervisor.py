@@ -11,15 +11,15 @@ import dataclasses
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 import trio
 
-from toolsd import __version__, cgroups
+from toolsd import __version__
+from toolsd.sandbox import cgroups
 from toolsd.wire.protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
-from toolsd.sandbox import Limits
+from toolsd.sandbox.policy import Limits
 from toolsd.state import StateDir
 
 log = logging.getLogger("toolsd.supervisor")
@@ -56,26 +56,6 @@ class Spare:
     key: tuple
     fingerprint: tuple
     made_at: float
-
-
-def probe_bwrap() -> tuple[str | None, str]:
-    """(path to bwrap or None, why not). Runs bwrap once with the namespaces sessions use:
-    present is not enough (user namespaces may be off, or a container may forbid them)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return None, "bubblewrap (bwrap) is not installed; apt-get install bubblewrap"
-    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-            "--unshare-uts", "--as-pid-1", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--", "/bin/true"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"bwrap could not run: {e}"
-    if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip() or f"exit code {proc.returncode}"
-        return None, f"bwrap cannot create a sandbox here: {err}"
-    return bwrap, ""
 
 
 class Supervisor:

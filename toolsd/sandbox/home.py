@@ -29,7 +29,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from toolsd.sandbox import Folder
+from toolsd.sandbox.policy import Folder
 
 log = logging.getLogger("toolsd.home")
 

@@ -31,7 +31,7 @@ import psutil
 import trio
 
 from driver import LAUNCHER_PY
-from toolsd import proctree
+from toolsd.sandbox import proctree
 from toolsd.runtime import threads
 
 log = logging.getLogger("toolsd.launcher")

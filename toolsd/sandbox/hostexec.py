@@ -32,7 +32,7 @@ import stat
 import struct
 import threading
 
-from toolsd import gitconfig
+from toolsd.sandbox import gitconfig
 
 log = logging.getLogger("toolsd.hostexec")
 
