@@ -12,8 +12,9 @@ import subprocess
 import pytest
 
 from conftest import short_tempdir
-from toolsd.sandbox import home
-from toolsd.sandbox.home import CannotHide, ancestors, check_hideable, plan, show_folder
+from toolsd.sandbox import home, home_folders
+from toolsd.sandbox.home import CannotHide, check_hideable, plan
+from toolsd.sandbox.home_folders import ancestors, show_folder
 from toolsd.sandbox.policy import Policy, bwrap_argv, sandbox_env
 
 
@@ -47,7 +48,7 @@ def test_ancestors_are_the_folders_on_the_way():
 
 
 def test_a_folder_with_a_secret_below_is_listed_down_to_it(fake_home):
-    touch(os.path.join(fake_home, "big.log"), "x" * (home.COPY_FILE_MAX + 1))
+    touch(os.path.join(fake_home, "big.log"), "x" * (home_folders.COPY_FILE_MAX + 1))
     folder, outside = show_folder(fake_home, home.SECRETS, writable=True, bound=[".bashrc"])
     rel = lambda paths: sorted(os.path.relpath(p, fake_home) for p in paths)  # noqa: E731
     assert rel(folder.dirs) == [".config", ".config/git", ".local", ".local/share"]
@@ -69,15 +70,15 @@ def test_copies_keep_modes_and_times_and_their_state_says_when_they_change(
     folder, _ = show_folder(fake_home, home.SECRETS, writable=True)
     dest = tmp_path / "copy"
     dest.mkdir()
-    home.copy_into(folder, str(dest))
+    home_folders.copy_into(folder, str(dest))
     copied = dest / ".config" / "git" / "config"
     assert copied.read_text() == "[user]\n"
     assert os.stat(copied).st_mode & 0o777 == 0o640
     assert os.stat(copied).st_mtime_ns == os.stat(config).st_mtime_ns
-    before = home.copies_state(folder.copies)
-    assert home.copies_state(folder.copies) == before
+    before = home_folders.copies_state(folder.copies)
+    assert home_folders.copies_state(folder.copies) == before
     touch(config, "[user]\n\tname = changed\n")
-    assert home.copies_state(folder.copies) != before
+    assert home_folders.copies_state(folder.copies) != before
 
 
 def test_symlinks_are_made_and_hidden_ones_hide_their_targets(fake_home, tmp_path):
@@ -190,7 +191,7 @@ def test_a_sandbox_made_from_the_plan_shows_no_secret_even_one_made_later(
     own.mkdir()
     for folder in view.folders:
         if folder.writable:
-            home.copy_into(folder, str(own))
+            home_folders.copy_into(folder, str(own))
     policy = Policy(workspace=ws, scratch=str(scratch), folders=view.folders, home=str(own),
                     hidden_dirs=view.hidden_dirs, hidden_files=view.hidden_files,
                     env=sandbox_env(home=fake_home, path="/usr/bin:/bin", lang="C.UTF-8",

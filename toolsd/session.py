@@ -21,7 +21,7 @@ import uuid
 import trio
 
 from driver import DRIVER_DIR
-from toolsd.sandbox import cgroups, home, hostexec, policy as sandbox
+from toolsd.sandbox import cgroups, home, home_folders, hostexec, policy as sandbox
 from toolsd.sandbox.launcher import Launcher, LauncherError
 from toolsd.wire.protocol import (
     BAD_PARAMS,
@@ -274,7 +274,7 @@ class Session:
         return (_identities((p.workspace, *p.hidden_dirs, *p.hidden_files, *p.protected,
                              *p.pinned, *(f.path for f in p.folders),
                              *(entry for f in own for entry in f.binds))),
-                home.copies_state([entry for f in own for entry in f.copies]))
+                home_folders.copies_state([entry for f in own for entry in f.copies]))
 
     @property
     def guarded(self) -> bool:
@@ -486,7 +486,7 @@ class Session:
         os.makedirs(self.home_dir, mode=0o700, exist_ok=True)
         for folder in self._policy.folders:
             if folder.writable:
-                home.copy_into(folder, self.home_dir)
+                home_folders.copy_into(folder, self.home_dir)
         with open(os.path.join(self.home_dir, home.GIT_CONFIG), "w") as f:
             f.write(home.git_config_text(self.env["HOME"]))
 

@@ -15,8 +15,8 @@ existed, minus those, fails closed for everything new.
 `--hide` of a path that does not exist yet works the same way: its nearest existing folder
 is shown entry by entry, so the path can never appear in it.
 
-I/O: listing folders (scandir, lstat, realpath) when a session starts. The bwrap argv is
-sandbox.py's (sandbox.Folder).
+I/O: listing folders (scandir, lstat, realpath) when a session starts; the listing of one
+folder is home_folders.py's. The bwrap argv is policy.py's (policy.Folder).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import dataclasses
 import logging
 import os
 import pwd
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from toolsd.sandbox.home_folders import inside, relative, show_folder
 from toolsd.sandbox.policy import Folder
 
 log = logging.getLogger("toolsd.home")
@@ -68,13 +68,6 @@ OWN: tuple[str, ...] = (".cache", ".npm")
 # --global` writes. It includes the host's ~/.gitconfig and ~/.config/git/config, read-only.
 GIT_CONFIG = ".gitconfig.toolsd"
 
-# The session's home gets copies of the host's files up to COPY_FILE_MAX, all of them
-# together up to COPY_TOTAL_BYTES, rather than binds (see sandbox.Folder: every bind makes
-# bwrap read the whole mount table again). A copy is the session's, writable; the host's
-# file is never touched. Folders are bound: finding the small ones would take a walk of each
-# at every session.open.
-COPY_FILE_MAX = 64 * 1024
-COPY_TOTAL_BYTES = 4 * 1024 * 1024
 
 # Folders that are never shown entry by entry: the sandbox makes its own /proc and /dev.
 _SYSTEM = ("/proc", "/dev")
@@ -102,25 +95,6 @@ def hidden_names(shown: Iterable[str] = ()) -> tuple[str, ...]:
     return tuple(n for n in (*SECRETS, *OWN) if n not in let_in)
 
 
-def ancestors(rels: Iterable[str]) -> set[str]:
-    """Every proper ancestor folder of the relative paths: the folders that must be listed
-    entry by entry so that those paths can be left out. Pure."""
-    out = set()
-    for rel in rels:
-        parts = rel.split("/")
-        for i in range(1, len(parts)):
-            out.add("/".join(parts[:i]))
-    return out
-
-
-def _inside(path: str, folder: str) -> bool:
-    return path == folder or folder == "/" or path.startswith(folder.rstrip("/") + "/")
-
-
-def _rel(path: str, folder: str) -> str:
-    return os.path.relpath(path, folder)
-
-
 def other_homes(own_home: str) -> list[str]:
     """The homes other than `own_home` that a session could read by default: /root, every
     folder in /home, and the daemon user's home in the password database (when HOME points
@@ -143,162 +117,6 @@ def other_homes(own_home: str) -> list[str]:
     return found
 
 
-def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
-                writable: bool = False, bound: Iterable[str] = ()) -> tuple[Folder, list[str]]:
-    """`path` as a Folder: its entries as they are now, less the `hidden` relative paths
-    (existing or not); `keep` (relative) are bound even where something hidden covers them.
-    In a `writable` one (the session's home) small files are copied, except `bound` ones.
-    Also returns paths outside `path` that hidden symlinks in it lead to: the caller hides
-    those where they are (existing ones).
-
-    A hidden entry that is a symlink leading elsewhere in the folder hides its target too
-    (~/.ssh -> dotfiles/ssh would otherwise show the keys at ~/dotfiles/ssh); so does a
-    listed folder that is one (~/.config -> dotfiles/config: dotfiles/config/gh is hidden).
-    Other symlinks are made as they are: inside the sandbox they lead where the sandbox's
-    view leads, which never holds what is hidden."""
-    omit = {os.path.normpath(h) for h in hidden}
-    read_only = {os.path.normpath(b) for b in bound}
-    outside: set[str] = set()
-    while True:
-        listing = _Listing(path, omit, read_only, writable)
-        # Rarely more than once: only symlinks at hidden paths, or on the way to them.
-        grown = _follow_symlinks(path, omit, listing.linked, outside)
-        if not grown:
-            break
-        omit |= grown
-    binds = list(listing.binds)
-    for rel in sorted({os.path.normpath(k) for k in keep}):
-        if any(_inside(rel, o) for o in omit):
-            binds.append(os.path.join(path, rel))
-    return (Folder(path=path, writable=writable, dirs=tuple(listing.dirs), binds=tuple(binds),
-                   symlinks=tuple(listing.symlinks), copies=tuple(listing.copies)),
-            sorted(outside))
-
-
-class _Listing:
-    """The entries of a folder shown entry by entry (see show_folder), and `linked`: the
-    hidden paths, or folders on the way to them, that are symlinks."""
-
-    def __init__(self, path: str, omit: set[str], read_only: set[str], writable: bool):
-        self.path = path
-        self.omit = omit
-        self.expand = ancestors(omit)
-        self.read_only = read_only
-        self.writable = writable
-        self.budget = COPY_TOTAL_BYTES
-        self.dirs: list[str] = []
-        self.binds: list[str] = []
-        self.copies: list[str] = []
-        self.symlinks: list[tuple[str, str]] = []
-        self.linked: list[str] = []
-        self._visit("")
-
-    def _copied(self, entry: os.DirEntry, rel: str) -> bool:
-        """Whether the file `entry` is copied rather than bound (and its size charged)."""
-        if not self.writable or rel in self.read_only:
-            return False
-        size = entry.stat(follow_symlinks=False).st_size
-        if size > COPY_FILE_MAX or size > self.budget:
-            return False
-        self.budget -= size
-        return True
-
-    def _visit(self, rel_dir: str) -> None:
-        folder = os.path.join(self.path, rel_dir) if rel_dir else self.path
-        try:
-            it = os.scandir(folder)
-        except OSError as e:
-            # Not listable, yet it must be (something hidden is below it): shown empty. The
-            # session could not list it either, but might have opened names in it.
-            log.warning("%s cannot be listed (%s): sessions see it empty", folder, e)
-            return
-        with it:
-            entries = sorted(it, key=lambda e: e.name)
-        for entry in entries:
-            rel = os.path.join(rel_dir, entry.name) if rel_dir else entry.name
-            try:
-                if entry.is_symlink():
-                    if rel in self.omit or rel in self.expand:
-                        self.linked.append(rel)
-                    if rel not in self.omit:
-                        self.symlinks.append((os.readlink(entry.path), entry.path))
-                elif rel in self.omit:
-                    continue
-                elif entry.is_dir(follow_symlinks=False):
-                    if rel in self.expand:
-                        self.dirs.append(entry.path)
-                        self._visit(rel)
-                    else:
-                        self.binds.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    (self.copies if self._copied(entry, rel) else self.binds).append(entry.path)
-                # Sockets, fifos and devices are left out: a socket is a way into a service
-                # (an agent, a daemon), not a file to read.
-            except OSError:
-                continue  # gone while listed
-
-
-def copy_into(folder: Folder, home_dir: str) -> None:
-    """Copy the files that `folder` (the session's home) holds copies of into `home_dir`,
-    the host folder bound at its path, with their modes and times. A file gone since it was
-    listed is left out, as a bind of it would be; one that grew is copied up to
-    COPY_FILE_MAX."""
-    for src in folder.copies:
-        dest = os.path.join(home_dir, os.path.relpath(src, folder.path))
-        try:
-            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                continue  # replaced since it was listed
-            chunks, size = [], 0
-            while size < COPY_FILE_MAX and (chunk := os.read(fd, COPY_FILE_MAX - size)):
-                chunks.append(chunk)
-                size += len(chunk)
-        finally:
-            os.close(fd)
-        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
-        with open(dest, "xb") as out:
-            out.write(b"".join(chunks))
-        os.chmod(dest, st.st_mode & 0o7777)
-        os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
-def copies_state(paths) -> tuple:
-    """What copies of `paths` would hold, as far as a stat says: for a sandbox made ahead,
-    to be compared with the host's files as they are now."""
-    out = []
-    for path in paths:
-        try:
-            st = os.lstat(path)
-            out.append((path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode))
-        except OSError:
-            out.append((path,))
-    return tuple(out)
-
-
-def _follow_symlinks(path: str, omit: set[str], linked: list[str],
-                     outside: set[str]) -> set[str]:
-    """Relative paths to hide as well, because `linked` (hidden paths, or folders on the way
-    to them, that are symlinks) lead to them; targets outside `path` go to `outside`
-    (existing ones)."""
-    grown: set[str] = set()
-    for rel in linked:
-        target = os.path.realpath(os.path.join(path, rel))
-        below = [o for o in omit if o == rel or o.startswith(rel + "/")]
-        for o in below:
-            dest = os.path.normpath(os.path.join(target, o[len(rel):].lstrip("/")))
-            if _inside(dest, path) and dest != path:
-                new = _rel(dest, path)
-                if new not in omit:
-                    grown.add(new)
-            elif not _inside(dest, path) and os.path.lexists(dest):
-                outside.add(dest)
-    return grown
-
-
 def nearest_existing(path: str) -> str:
     """The deepest existing folder that `path` (absolute, normalised) lies in or is."""
     while not os.path.isdir(path):
@@ -313,7 +131,7 @@ def check_hideable(path: str) -> None:
     if path == "/":
         raise CannotHide("/ cannot be hidden: it would hide the whole system")
     for system in _SYSTEM:
-        if _inside(path, system):
+        if inside(path, system):
             raise CannotHide(f"{path} lies in {system}, which every sandbox replaces with its "
                              f"own; there is nothing of the host's to hide there")
     if not os.path.lexists(path) and nearest_existing(path) == "/":
@@ -328,8 +146,8 @@ def shown_entry(path: str, home: str) -> str:
     real = os.path.realpath(path)
     for base in (home, os.path.abspath(os.path.expanduser("~"))):
         for candidate in (os.path.abspath(path), real):
-            if _inside(candidate, base) and candidate != base:
-                rel = _rel(candidate, base)
+            if inside(candidate, base) and candidate != base:
+                rel = relative(candidate, base)
                 if rel in SECRETS or rel in OWN:
                     return rel
     raise ValueError(f"--show {path}: not one of the entries that toolsd hides in the home "
@@ -350,7 +168,7 @@ def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[st
     workspace."""
     ws = workspace
     homes: list[tuple[str, bool]] = []  # (home, the session's own)
-    own_home = os.path.isdir(home) and home != "/" and not _inside(home, ws)
+    own_home = os.path.isdir(home) and home != "/" and not inside(home, ws)
     if own_home:
         homes.append((home, True))
     elif os.path.isdir(home):
@@ -370,7 +188,7 @@ def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[st
 
     for h, is_own in homes:
         names = hidden_names(shown if h == home else ())
-        if _inside(h, ws) or not os.access(h, os.R_OK):
+        if inside(h, ws) or not os.access(h, os.R_OK):
             # In the workspace: the session was opened on it, and sees it as it is, less
             # what exists of the hidden names. Not listable (but perhaps searchable): the
             # names that exist are covered one by one.
@@ -382,28 +200,28 @@ def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[st
 
     for path in hidden:
         path = os.path.normpath(path)
-        if _inside(path, "/tmp") and not _inside(path, ws):
+        if inside(path, "/tmp") and not inside(path, ws):
             continue  # the session's /tmp is its own: the host's is out of sight already
         folder = next((f for f in sorted(shown_as_folder, key=len, reverse=True)
-                       if _inside(path, f) and f != path), None)
+                       if inside(path, f) and f != path), None)
         if folder is not None:
-            shown_as_folder[folder].add(_rel(path, folder))
+            shown_as_folder[folder].add(relative(path, folder))
         elif os.path.lexists(path):
             cover(path)
         else:
             check_hideable(path)
             parent = nearest_existing(path)
-            if _inside(parent, ws):
+            if inside(parent, ws):
                 raise CannotHide(
                     f"{path} (toolsd serve --hide) does not exist yet and would appear in "
                     f"the workspace {ws}, where toolsd cannot keep it from appearing; create "
                     f"it first (it is then hidden), or open the session on another folder")
-            shown_as_folder.setdefault(parent, set()).add(_rel(path, parent))
+            shown_as_folder.setdefault(parent, set()).add(relative(path, parent))
             writable.setdefault(parent, False)
 
     folders: list[Folder] = []
     for folder, omit in sorted(shown_as_folder.items()):
-        keep_here = [_rel(k, folder) for k in keep if _inside(k, folder) and k != folder]
+        keep_here = [relative(k, folder) for k in keep if inside(k, folder) and k != folder]
         # What --show lets back in stays read-only: bound, never a copy.
         shown_folder, outside = show_folder(folder, omit, keep=keep_here,
                                             writable=writable[folder],
