@@ -1,7 +1,7 @@
 """What in a session's workspace the host's git would execute, that the session added.
 
 A session can write any repository of its workspace except the top-level one's hooks and
-config (read-only: sandbox.py). A hook, or a setting that names a program (gitconfig.py,
+config (read-only: policy.py). A hook, or a setting that names a program (gitconfig.py,
 RUNS_CODE), in a repository the session made (`git init`, a clone) or in one below the top
 level runs on the host the next time a person runs git there. These are not made read-only
 as they appear: a mount over them would also keep the session from removing a repository
@@ -22,17 +22,15 @@ a time; `current` and `changed` are cheap and safe from the event loop.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import logging
 import os
 import select
-import stat
 import struct
 import threading
 
-from toolsd.sandbox import gitconfig
+from toolsd.sandbox.gitrepo import Repo, inside, is_gitdir, read_gitfile
 
 log = logging.getLogger("toolsd.hostexec")
 
@@ -64,11 +62,6 @@ _EVENT = struct.Struct("iIII")
 _GITDIR_NAMES = frozenset({"HEAD", "config", "objects", "refs", "commondir", "gitdir"})
 # Names in a git dir that change what it would run.
 _WATCHED_IN_GITDIR = frozenset({"config", "config.worktree", "hooks", "commondir"})
-# Longest value shown in a report line.
-_VALUE_CHARS = 200
-# Most of a config file read (git reads more, but a session making one this big is worth a
-# look anyway: its beginning is reported).
-CONFIG_MAX = 4 * 1024 * 1024
 # Most folders watched for one session. Watches are the user's (fs.inotify.max_user_watches,
 # shared by every program of the daemon's user): a session making folders without end must
 # not take them all. Past it, what is made below folders not watched is not seen, and the
@@ -87,145 +80,6 @@ def _inotify():
     return _libc
 
 
-def _inside(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
-def is_gitdir(path: str) -> bool:
-    """A git dir (a `.git` folder, or a bare repository): HEAD, objects/ and refs/, or a
-    linked worktree's (HEAD and commondir)."""
-    return os.path.isfile(os.path.join(path, "HEAD")) and (
-        os.path.isfile(os.path.join(path, "commondir")) or (
-            os.path.isdir(os.path.join(path, "objects"))
-            and os.path.isdir(os.path.join(path, "refs"))))
-
-
-def read_file(path: str, limit: int) -> bytes | None:
-    """Up to `limit` bytes of the regular file at `path`, or None: not there, a symlink, a
-    fifo (whose open would wait for a writer: the session makes these files), unreadable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks, size = [], 0
-        while size < limit and (chunk := os.read(fd, limit - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def read_gitfile(path: str) -> str | None:
-    """The git dir that a `.git` file (a submodule's, a linked worktree's) points to,
-    resolved; None if it is not one."""
-    head = read_file(path, 4096)
-    if head is None:
-        return None
-    first = head.split(b"\n", 1)[0].strip()
-    if not first.startswith(b"gitdir:"):
-        return None
-    target = os.fsdecode(first[len(b"gitdir:"):].strip())
-    return os.path.realpath(os.path.join(os.path.dirname(path), target))
-
-
-def render(value: str | None) -> str:
-    """A setting's value as one line of bounded length: control characters escaped."""
-    if value is None:
-        return "(true)"
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
-    return text if len(text) <= _VALUE_CHARS else text[:_VALUE_CHARS] + "..."
-
-
-class _Repo:
-    """One git dir: where its hooks and config are, and what of them is new since the
-    baseline (report lines). What it reads is the session's to make: a fifo, a symlink out
-    of the workspace or a huge file must neither hang nor reveal what the session cannot
-    read, so nothing is followed out of the workspace."""
-
-    def __init__(self, gitdir: str, workspace: str):
-        self.gitdir = gitdir
-        self.workspace = workspace
-        self.common = gitdir
-        self.identity: tuple[int, int] | None = None
-        self.lines: list[str] = []
-        self.dirty = True
-        self.locate()
-
-    def locate(self) -> None:
-        commondir = read_file(os.path.join(self.gitdir, "commondir"), 4096)
-        self.common = self.gitdir
-        if commondir is not None:
-            common = os.path.realpath(os.path.join(self.gitdir, os.fsdecode(commondir.strip())))
-            if _inside(common, self.workspace):
-                self.common = common
-        try:
-            st = os.stat(self.gitdir)
-            self.identity = (st.st_dev, st.st_ino)
-        except OSError:
-            self.identity = None
-
-    @property
-    def hooks(self) -> str:
-        return os.path.join(self.common, "hooks")
-
-    def config_files(self) -> list[str]:
-        return list(dict.fromkeys((os.path.join(self.common, "config"),
-                                   os.path.join(self.gitdir, "config.worktree"))))
-
-    def _followed(self, path: str, found: dict) -> str | None:
-        """`path`, or where it leads if it is a symlink (which is reported): None when that
-        is out of the workspace (not looked into: the session cannot write there, and must
-        not learn through us what is there)."""
-        if not os.path.islink(path):
-            return path
-        try:
-            target = os.readlink(path)
-        except OSError:
-            return None
-        found[("symlink", os.path.basename(path), target)] = f"{path} -> {render(target)}"
-        real = os.path.realpath(path)
-        return real if _inside(real, self.workspace) else None
-
-    def items(self) -> dict[tuple, str]:
-        """{comparable item: report line} for everything in it that the host would run.
-        Items compare across a move of the repository (no paths in them)."""
-        found: dict[tuple, str] = {}
-        hooks = self._followed(self.hooks, found)
-        try:
-            with os.scandir(hooks) if hooks else contextlib.nullcontext(()) as it:
-                for e in it:
-                    if e.name.endswith(".sample"):
-                        continue  # git never runs these
-                    st = e.stat(follow_symlinks=False)
-                    ident = (e.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
-                    found[("hook", *ident)] = os.path.join(self.hooks, e.name)
-        except OSError:
-            pass
-        for path in self.config_files():
-            name = os.path.basename(path)
-            real = self._followed(path, found)
-            data = read_file(real, CONFIG_MAX) if real else None
-            if data is None:
-                continue
-            try:
-                entries = gitconfig.parse(data.decode("utf-8", "surrogateescape"))
-            except gitconfig.ConfigError as e:
-                # git refuses the whole file then ("fatal: bad config line"): nothing of it
-                # runs, but it changed, and a person should look before fixing it on the host.
-                found[("bad", name, str(e))] = f"{path}: cannot be read as git config ({e})"
-                continue
-            for key, value in entries:
-                if gitconfig.runs_code(key, value):
-                    found[("config", name, key, value)] = f"{path}: {key} = {render(value)}"
-        return found
-
-
 class Tracker:
     """The repositories of one workspace and what the session added to them (see the
     module's docstring). Built by `start()`, brought up to date by `update()`."""
@@ -240,8 +94,8 @@ class Tracker:
         self._wd_path: dict[int, str] = {}
         self._path_wd: dict[str, int] = {}
         # Watches of git dirs and hooks folders: (repo, a hooks folder: any change counts)
-        self._wd_repo: dict[int, tuple[_Repo, bool]] = {}
-        self._repos: dict[str, _Repo] = {}  # git dir -> repo
+        self._wd_repo: dict[int, tuple[Repo, bool]] = {}
+        self._repos: dict[str, Repo] = {}  # git dir -> repo
         self._baseline: dict[tuple[int, int], frozenset] = {}  # git dir identity -> items
         self._new_dirs: list[str] = []
         self._rescan = False
@@ -396,7 +250,7 @@ class Tracker:
                 self._watch(path, _TREE_MASK)  # made empty: git init may fill it later
             return
         gitdir = read_gitfile(path)
-        if gitdir is not None and _inside(gitdir, self.workspace) and is_gitdir(gitdir):
+        if gitdir is not None and inside(gitdir, self.workspace) and is_gitdir(gitdir):
             self._add_repo(gitdir)
 
     def _add_repo(self, gitdir: str) -> None:
@@ -404,18 +258,18 @@ class Tracker:
         gitdir = os.path.realpath(gitdir)
         repo = self._repos.get(gitdir)
         if repo is None:
-            repo = self._repos[gitdir] = _Repo(gitdir, self.workspace)
+            repo = self._repos[gitdir] = Repo(gitdir, self.workspace)
         repo.locate()
         for folder in dict.fromkeys((repo.gitdir, repo.common, repo.hooks)):
             known = self._path_wd.get(folder)
-            if (_inside(folder, self.workspace) and os.path.isdir(folder)
+            if (inside(folder, self.workspace) and os.path.isdir(folder)
                     and (known is None or known not in self._wd_repo)):
                 wd = self._watch(folder, _GIT_MASK)  # replaces a worktree watch's mask
                 if wd is not None:
                     self._wd_repo[wd] = (repo, folder == repo.hooks)
         repo.dirty = True
 
-    def _forget_repo(self, repo: _Repo) -> None:
+    def _forget_repo(self, repo: Repo) -> None:
         self._repos.pop(repo.gitdir, None)
         for wd, (r, _hooks) in list(self._wd_repo.items()):
             if r is repo:
@@ -435,11 +289,11 @@ class Tracker:
         Moved within the workspace, it comes back as new where it lands."""
         if watches:
             for path, wd in list(self._path_wd.items()):
-                if _inside(path, top):
+                if inside(path, top):
                     self._wd_repo.pop(wd, None)
                     self._unwatch(wd)
         for gitdir, repo in list(self._repos.items()):
-            if _inside(gitdir, top):
+            if inside(gitdir, top):
                 self._forget_repo(repo)
 
     def _read_events(self, *, once: bool = False) -> None:
@@ -504,7 +358,7 @@ class Tracker:
         for path in sorted(set(todo), key=len):
             if path in self._repos:
                 self._add_repo(path)
-            elif any(_inside(path, gitdir) for gitdir in self._repos):
+            elif any(inside(path, gitdir) for gitdir in self._repos):
                 continue
             elif os.path.basename(path) == ".git":
                 self._add_repo(path)
