@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import trio
 from PIL import Image, ImageOps
 
-from toolsd import shell
+from toolsd.sandbox import jobs
 from toolsd.runtime import threads
 from toolsd.runtime.fdio import READ_SIZE
 from toolsd.sandbox.launcher import LauncherDied, LauncherError, LauncherLimit
@@ -458,7 +458,7 @@ async def _read_in_sandbox(session, path: str) -> bytes:
     argv = [sh, "-c", _READ_SCRIPT, "toolsd-image-read", str(READ_CAP + 1), path]
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    devnull = shell.open_devnull()
+    devnull = jobs.open_devnull()
     try:
         job = await session.launcher.spawn(
             argv, cwd=session.workspace, env=env, stdin=devnull, stdout=out_w, stderr=err_w,
@@ -516,7 +516,7 @@ async def _read_in_sandbox(session, path: str) -> bytes:
             if not job.exited.is_set():
                 # Timed out, over the cap, or the request was cancelled: nothing of the
                 # reader may outlive the call.
-                await shell.end_tree(job, 0)
+                await jobs.end_tree(job, 0)
             await out.aclose()
             await err.aclose()
 
@@ -556,6 +556,6 @@ def _read_error(path: str, exit_code: int | None, signal: int | None,
         return ToolsdError(BAD_PARAMS, f"{path}: file name too long")
     if exit_code == 127:
         return ToolsdError(IO_ERROR, f"cannot read {path}: the sandbox has no `head` ({text})")
-    how = (f"killed by {shell.signal_name(signal)}" if exit_code is None
+    how = (f"killed by {jobs.signal_name(signal)}" if exit_code is None
            else f"exit status {exit_code}")
     return ToolsdError(IO_ERROR, f"reading {path} failed ({how}): {text or 'no error text'}")

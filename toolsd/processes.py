@@ -51,7 +51,7 @@ from toolsd.wire.protocol import (
     ProcessStopResult,
     ToolsdError,
 )
-from toolsd.shell import end_tree, pump, signal_name, spawn_shell
+from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_shell
 
 logger = logging.getLogger("toolsd.processes")
 

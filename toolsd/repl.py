@@ -82,7 +82,8 @@ from toolsd.wire.protocol import (
 )
 from driver import NODE_REPL, PYTHON_REPL
 from toolsd.sentinel import Sentinel, SentinelScanner
-from toolsd.shell import KILL_GRACE_S, end_tree, pump, signal_name, spawn_with_pipe
+from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_with_pipe
+from toolsd.shell import KILL_GRACE_S
 from toolsd.spill import tee
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]

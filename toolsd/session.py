@@ -367,7 +367,7 @@ class Session:
                 self.nursery = nursery
                 # The workspace's repositories as they are before any command runs (the
                 # baseline of host_exec): looked at while the sandbox starts, and until
-                # then no command starts (shell.spawn_with_pipe waits).
+                # then no command starts (jobs.spawn_with_pipe waits).
                 nursery.start_soon(self._watch_repositories)
                 # The folders as the sandbox is about to bind them (see check_guards).
                 self._guard_dirs = [p for p in sandbox.guarding_mounts(self._policy)
