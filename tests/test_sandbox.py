@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import tempfile
 
+import psutil
 import pytest
 
 from conftest import HAVE_BWRAP, wait_for
-from toolsd.client import ToolsdError
+from toolsd.client import Client, ToolsdError
+from toolsd.sandbox.jobs import SPAWN_TIMEOUT_S
 
 pytestmark = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")
 
@@ -269,3 +272,30 @@ def test_stopping_the_launcher_and_its_shims_from_inside_changes_nothing(daemon,
     client.shell_run(s, "for p in $(pgrep -f driver/launcher.py); do "
                         "[ $p != $PPID ] && kill -STOP $p; done; true", timeout_s=5)
     assert client.shell_run(s, "echo works", timeout_s=60)["output"] == "works\n"
+
+
+def test_image_read_on_a_stopped_launcher_says_session_closed(daemon, client):
+    # image.read starts its reader through the launcher as every tool does, so a launcher
+    # that no longer answers ends the session after the spawn timeout, as for shell.run; the
+    # call must not wait for ever. Stopped from the host: from inside, pid 1 ignores it.
+    s = client.session_open(daemon.workspace)["session"]
+    with open(os.path.join(daemon.workspace, "a.png"), "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n")
+    assert client.shell_run(s, "true")["exit_code"] == 0
+    launchers = [p for p in daemon.tree() if p.cmdline()[1:3] == ["-I", "-S"]]
+    assert launchers
+    for p in launchers:
+        p.suspend()
+    try:
+        # A bound, not a speed: without the spawn timeout the call never returns.
+        with Client(daemon.socket, timeout=SPAWN_TIMEOUT_S + 60) as waiting:
+            with pytest.raises(ToolsdError) as e:
+                waiting.image_read(s, "a.png")
+        assert e.value.code == "session_closed", e.value.message
+        with pytest.raises(ToolsdError) as e:
+            client.shell_run(s, "true")
+        assert e.value.code == "session_closed"
+    finally:
+        for p in launchers:
+            with contextlib.suppress(psutil.Error):
+                p.resume()

@@ -30,7 +30,6 @@ from PIL import Image, ImageOps
 from toolsd.sandbox import jobs
 from toolsd.runtime import threads
 from toolsd.runtime.fdio import READ_SIZE
-from toolsd.sandbox.launcher import LauncherDied, LauncherError, LauncherLimit
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     IMAGE_TOO_LARGE,
@@ -460,21 +459,12 @@ async def _read_in_sandbox(session, path: str) -> bytes:
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     devnull = jobs.open_devnull()
     try:
-        job = await session.launcher.spawn(
-            argv, cwd=session.workspace, env=env, stdin=devnull, stdout=out_w, stderr=err_w,
-            rlimits=session.rlimits, want_pid=False)
-    except BaseException as e:
+        job = await jobs.spawn(session, argv, cwd=session.workspace, env=env, stdin=devnull,
+                               stdout=out_w, stderr=err_w, want_pid=False,
+                               what=f"a reader for {path}", error_code=IO_ERROR)
+    except BaseException:
         os.close(out_r)
         os.close(err_r)
-        if isinstance(e, LauncherDied):
-            raise ToolsdError(SESSION_CLOSED, f"session {session.id}'s sandbox died; open a "
-                              f"new session") from None
-        if isinstance(e, LauncherLimit):
-            raise ToolsdError(LIMIT_EXCEEDED, f"could not start a reader for {path}: {e}; the "
-                              f"session is at its process limit (limits.pids "
-                              f"{session.limits.pids})") from None
-        if isinstance(e, LauncherError):
-            raise ToolsdError(IO_ERROR, f"could not start a reader for {path}: {e}") from None
         raise
     finally:
         # The child holds the only copies of its ends now: its exit gives us EOF.

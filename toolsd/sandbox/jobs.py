@@ -58,40 +58,53 @@ def open_devnull() -> int:
     return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
 
-async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, str],
-                          extra_fds=(), want_pid: bool = True, held: bool = False):
-    """Spawn `argv` in the session with stdin /dev/null and stdout+stderr one pipe.
-    Returns (job, read_fd); the caller owns read_fd."""
+async def spawn(session, argv: list[str], *, cwd: str, env: dict[str, str], stdin: int,
+                stdout: int, stderr: int, extra_fds=(), want_pid: bool = True,
+                held: bool = False, what: str | None = None,
+                error_code: str = BAD_PARAMS):
+    """Start `argv` in the session's sandbox (Launcher.spawn: the fds stay the caller's) and
+    return its Job: the one way every tool starts a command. A launcher that does not answer
+    within SPAWN_TIMEOUT_S is stuck, and ends the sandbox. The launcher's errors become the
+    ToolsdError a caller sees: the session closed, its process limit, or `error_code` with
+    "could not start `what`" (argv[0] by default)."""
     if not session.repositories_known.is_set():
         # A session opened on a big workspace is handed out while its repositories are
         # still being looked at: a command now could change what counts as found at open.
         await session.repositories_known.wait()
-    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-    devnull = open_devnull()
     try:
         with trio.move_on_after(SPAWN_TIMEOUT_S) as waited:
             job = await session.launcher.spawn(
-                argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd, stderr=write_fd,
+                argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
                 rlimits=session.rlimits, extra_fds=extra_fds, want_pid=want_pid, held=held)
         if waited.cancelled_caught:
             # The launcher answers in milliseconds; one that does not is stuck (unsandboxed,
-            # a command of the session can stop it). Nothing can be started or supervised
-            # there any more: end the sandbox.
+            # a command of the session can stop it; sandboxed, the host can). Nothing can be
+            # started or supervised there any more: end the sandbox.
             await session.launcher.aclose()
             raise LauncherDied("the launcher did not answer")
     except LauncherDied:
-        os.close(read_fd)
         raise ToolsdError(SESSION_CLOSED, f"session {session.id} is closed or its sandbox "
                           f"died; open a new session") from None
     except LauncherLimit as e:
-        os.close(read_fd)
-        raise ToolsdError(LIMIT_EXCEEDED, f"could not start {argv[0]}: {e}; the session is at "
-                          f"its process limit (limits.pids {session.limits.pids}): wait for "
-                          f"commands to end or stop background processes") from None
+        raise ToolsdError(LIMIT_EXCEEDED, f"could not start {what or argv[0]}: {e}; the "
+                          f"session is at its process limit (limits.pids "
+                          f"{session.limits.pids}): wait for commands to end or stop "
+                          f"background processes") from None
     except LauncherError as e:
-        os.close(read_fd)
-        raise ToolsdError(BAD_PARAMS, f"could not start {argv[0]}: {e}") from None
-    except BaseException:  # cancelled: the client went away mid-spawn
+        raise ToolsdError(error_code, f"could not start {what or argv[0]}: {e}") from None
+    return job
+
+
+async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, str],
+                          extra_fds=(), want_pid: bool = True, held: bool = False):
+    """Spawn `argv` in the session with stdin /dev/null and stdout+stderr one pipe.
+    Returns (job, read_fd); the caller owns read_fd."""
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    devnull = open_devnull()
+    try:
+        job = await spawn(session, argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd,
+                          stderr=write_fd, extra_fds=extra_fds, want_pid=want_pid, held=held)
+    except BaseException:  # also cancelled: the client went away mid-spawn
         os.close(read_fd)
         raise
     finally:
