@@ -53,7 +53,7 @@ def bench_image() -> None:
     from bench import ms, report, running_daemon, stats, timed
 
     from toolsd.client import Client
-    from toolsd.images import MAX_PIXELS, fit_image
+    from toolsd.tools.images import MAX_PIXELS, fit_image
 
     with running_daemon() as (sock, root, _proc):
         workspace = os.path.join(root, "ws")

@@ -27,7 +27,7 @@ from bench import ms, report, running_daemon, stats, timed, trio_echo, us  # noq
 
 from driver import PYTHON_REPL  # noqa: E402
 from toolsd.client import Client  # noqa: E402
-from toolsd.sentinel import SentinelScanner  # noqa: E402
+from toolsd.tools.sentinel import SentinelScanner  # noqa: E402
 
 # The interpreter binary itself, not a version manager's shim in front of it: every anchor
 # and the sandboxed REPL then run the same Python.

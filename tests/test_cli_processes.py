@@ -15,7 +15,7 @@ import pytest
 
 from conftest import needs_bwrap, module_daemon as shared_daemon
 from toolsd.cli_processes import format_bytes, format_duration, format_table, next_piece
-from toolsd.output import render
+from toolsd.tools.output import render
 from toolsd.wire.protocol import MARKER
 
 pytestmark = needs_bwrap

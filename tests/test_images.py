@@ -7,7 +7,7 @@ import psutil
 import pytest
 from PIL import Image, ImageDraw
 
-from toolsd.images import MIN_MAX_BYTES, ImageTooLarge, NotAnImage, fit_image
+from toolsd.tools.images import MIN_MAX_BYTES, ImageTooLarge, NotAnImage, fit_image
 
 
 def encode(im: Image.Image, fmt: str, **options) -> bytes:

@@ -14,8 +14,8 @@ except ImportError:  # tests/ became a package
     from tests.test_python_driver import DriverProcess
 
 from driver import NODE_REPL
-from toolsd.repl import interpreter_argv
-from toolsd.sentinel import format_sentinel
+from toolsd.tools.repl import interpreter_argv
+from toolsd.tools.sentinel import format_sentinel
 
 DRIVER = Path(NODE_REPL)
 NODE = shutil.which("node")

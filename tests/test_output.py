@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import toolsd.output as output
-from toolsd.output import (
+import toolsd.tools.output as output
+from toolsd.tools.output import (
     CappedLog,
     HeadTail,
     Ring,

@@ -16,7 +16,7 @@ import trio
 
 from conftest import RunningDaemon, needs_bwrap, wait_gone, module_daemon as shared_daemon
 from toolsd.client import ToolsdError
-from toolsd.processes import LOG_CAP_BYTES, MAX_LIVE_PER_SESSION
+from toolsd.tools.processes import LOG_CAP_BYTES, MAX_LIVE_PER_SESSION
 
 pytestmark = needs_bwrap
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from driver import PYTHON_REPL
-from toolsd.sentinel import MARKER_PREFIX, SentinelScanner, format_sentinel
+from toolsd.tools.sentinel import MARKER_PREFIX, SentinelScanner, format_sentinel
 
 DRIVER = Path(PYTHON_REPL)
 # Safety net against a hung driver, not a timing assertion.

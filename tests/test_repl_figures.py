@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from conftest import module_daemon as shared_daemon, needs_bwrap
-from toolsd.repl import _images
-from toolsd.sentinel import Sentinel
+from toolsd.tools.repl import _images
+from toolsd.tools.sentinel import Sentinel
 
 pytestmark = needs_bwrap
 

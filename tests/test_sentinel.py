@@ -6,7 +6,7 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolsd.sentinel import MARKER_PREFIX, Sentinel, SentinelScanner, format_sentinel
+from toolsd.tools.sentinel import MARKER_PREFIX, Sentinel, SentinelScanner, format_sentinel
 
 UUID = "0123456789abcdef0123456789abcdef"
 OTHER = "fedcba9876543210fedcba9876543210"

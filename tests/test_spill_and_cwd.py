@@ -13,7 +13,7 @@ import pytest
 from conftest import RunningDaemon, module_daemon as shared_daemon, needs_bwrap
 from test_no_sandbox import path_without_bwrap
 from toolsd.client import ToolsdError
-from toolsd.spill import MAX_FILES
+from toolsd.tools.spill import MAX_FILES
 
 pytestmark = needs_bwrap
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import trio
 
-from toolsd import images, processes, repl, shell
+from toolsd.tools import images, processes, repl, shell
 from toolsd.wire.protocol import (
     FEATURES,
     UNSET,

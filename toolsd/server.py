@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
-from toolsd import answer as answers, methods
+from toolsd.tools import answer as answers
+from toolsd import methods
 from toolsd.runtime.fdio import READ_SIZE, FdReader, write_all
 from toolsd.wire.framing import FrameReader, FrameTooLarge, encode_frame
 from toolsd.wire.protocol import (

@@ -31,7 +31,7 @@ from toolsd.wire.protocol import (
     UNSET,
     ToolsdError,
 )
-from toolsd.spill import Spills
+from toolsd.tools.spill import Spills
 
 log = logging.getLogger("toolsd.session")
 

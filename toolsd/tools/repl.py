@@ -70,7 +70,7 @@ import trio
 from toolsd.sandbox import proctree
 from toolsd.runtime import threads
 from toolsd.sandbox.launcher import KILL_THREADS
-from toolsd.output import HeadTail, Ring
+from toolsd.tools.output import HeadTail, Ring
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     NOT_FOUND,
@@ -81,10 +81,10 @@ from toolsd.wire.protocol import (
     ToolsdError,
 )
 from driver import NODE_REPL, PYTHON_REPL
-from toolsd.sentinel import Sentinel, SentinelScanner
+from toolsd.tools.sentinel import Sentinel, SentinelScanner
 from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_with_pipe
-from toolsd.shell import KILL_GRACE_S
-from toolsd.spill import tee
+from toolsd.tools.shell import KILL_GRACE_S
+from toolsd.tools.spill import tee
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]
 

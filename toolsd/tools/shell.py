@@ -13,10 +13,10 @@ import time
 
 import trio
 
-from toolsd import answer as answers
-from toolsd.output import HeadTail
+from toolsd.tools import answer as answers
+from toolsd.tools.output import HeadTail
 from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_shell
-from toolsd.spill import tee
+from toolsd.tools.spill import tee
 from toolsd.wire.protocol import SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
 
 # After the command exits (and its leftovers are ended) we read what is already in the pipe for

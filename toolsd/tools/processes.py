@@ -26,7 +26,7 @@ import trio
 
 from toolsd.sandbox import proctree
 from toolsd.runtime import threads
-from toolsd.output import (
+from toolsd.tools.output import (
     CappedLog,
     Ring,
     UntilPattern,
