@@ -9,17 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import toolsd.tools.output as output
-from toolsd.tools.output import (
-    CappedLog,
-    HeadTail,
-    Ring,
-    UntilScan,
-    clip,
-    compile_until,
-    head_piece,
-    render,
-    tail_piece,
-)
+from toolsd.tools.capped_log import CappedLog
+from toolsd.tools.output import HeadTail, Ring, clip, head_piece, render, tail_piece
+from toolsd.tools.until import UNTIL_OVERLAP_BYTES, UntilScan, compile_until
 
 MARKER = re.compile(r"\n\[\.\.\. (\d+) bytes left out \.\.\.\]\n")
 
@@ -571,6 +563,6 @@ def test_windowed_until_searches_each_byte_a_bounded_number_of_times():
         assert not found
         total += searched
     # Each search: its new bytes plus at most the overlap (and a few bytes of context).
-    assert total <= ring.end + chunks * (output.UNTIL_OVERLAP_BYTES + 4)
+    assert total <= ring.end + chunks * (UNTIL_OVERLAP_BYTES + 4)
     ring.append(b"\nthe server ready\n")
     assert scan_all(scan, ring, until)[0]

@@ -1,23 +1,18 @@
-"""Bounded views of process output: head+tail for one call, a ring and a capped log for
-background processes, and the windowed `until` search over a process's new output.
+"""Bounded views of process output: head+tail for one call and a ring for background
+processes (their capped log file is capped_log.py's, the `until` search until.py's).
 
-Everything here but `CappedLog` is pure (no I/O) and synchronous. Offsets and counts are
-bytes of the raw stream; only `render`, the pieces and `HeadTail.result` turn bytes into
-text.
+Pure (no I/O) and synchronous. Offsets and counts are bytes of the raw stream; only `render`,
+the pieces and `HeadTail.result` turn bytes into text.
 """
 
 from __future__ import annotations
 
 import codecs
 import collections
-import os
 import re
-import threading
 
-import re2
 
-__all__ = ["CappedLog", "HeadTail", "Ring", "UntilPattern", "UntilScan", "clip",
-           "compile_until", "head_piece", "render", "tail_piece"]
+__all__ = ["HeadTail", "Ring", "clip", "head_piece", "render", "tail_piece"]
 
 
 def render(data: bytes) -> str:
@@ -54,7 +49,7 @@ def _is_continuation(byte: int) -> bool:
     return 0x80 <= byte <= 0xBF
 
 
-def _safe_split(data: bytes, pos: int) -> int:
+def safe_split(data: bytes, pos: int) -> int:
     """The first position at or after `pos` where `data` can be cut so that both sides decode
     as they would together: no valid UTF-8 sequence spans it. At most 3 bytes on: a byte
     with no lead byte among the 3 before it cannot continue a sequence."""
@@ -117,7 +112,7 @@ def head_piece(data: bytes, budget: int, *, final: bool = False) -> tuple[str, i
     room = budget
     pos = 0
     while pos < end and room > 0:
-        cut = _safe_split(data, min(pos + _BLOCK, end)) if pos + _BLOCK < end else end
+        cut = safe_split(data, min(pos + _BLOCK, end)) if pos + _BLOCK < end else end
         block = data[pos:cut]
         text = render(block)
         if len(text) <= room:
@@ -146,7 +141,7 @@ def tail_piece(data: bytes, budget: int, *, at_boundary: bool) -> tuple[str, int
     room = budget
     pos = len(data)
     while pos > first and room > 0:
-        lo = _safe_split(data, pos - _BLOCK) if pos - _BLOCK > first else first
+        lo = safe_split(data, pos - _BLOCK) if pos - _BLOCK > first else first
         block = data[lo:pos]
         text = render(block)
         if len(text) <= room:
@@ -271,7 +266,7 @@ def clip(data: bytes, max_chars: int) -> tuple[str, bool]:
     return buf.result()
 
 
-def _check_read(since: int, limit: int) -> None:
+def check_read(since: int, limit: int) -> None:
     if since < 0:
         raise ValueError(f"since must be a byte offset >= 0, got {since}")
     if limit < 0:
@@ -333,7 +328,7 @@ class Ring:
         self.end += n
 
     def read(self, since: int, limit: int) -> tuple[bytes, int, int]:
-        _check_read(since, limit)
+        check_read(since, limit)
         if since >= self.end:
             return b"", self.end, 0
         start = self.start
@@ -360,345 +355,3 @@ class Ring:
         self._buf = bytearray(kept)
         self._origin = lo
         self.capacity = capacity
-
-
-class CappedLog:
-    """Append-only log file of a process's output kept within cap bytes: two segments
-    (path and path.1) of cap/2 each, rotated; knows the absolute offset of its first kept
-    byte so reads by offset work across rotation. File I/O, synchronous (callers use a
-    thread or small writes).
-
-    The log starts fresh: an existing `path` is truncated and `path.1` removed; the first
-    byte appended has offset `start_offset`. `path` is the newer segment; once it holds
-    cap/2 bytes it becomes `path.1` (replacing the older one) and a new `path` begins.
-    `read` has the same contract as `Ring.read`. Appends and reads may come from different
-    threads (a lock keeps rotation and reads consistent).
-
-    Resource handling: the log owns two file descriptors while it is written. `seal()` ends
-    the writing and releases them: the files stay and reads open them for their own
-    duration, so a finished process's log costs disk but no descriptor. `close()` releases
-    them too (the files stay on disk); append or read after close raise ValueError, append
-    after seal too.
-    """
-
-    def __init__(self, path: str, cap: int, *, start_offset: int = 0):
-        if cap < 2:
-            raise ValueError(f"cap must be >= 2 bytes (two segments), got {cap}")
-        if start_offset < 0:
-            raise ValueError(f"start_offset must be >= 0, got {start_offset}")
-        self.path = path
-        self.old_path = path + ".1"
-        self._seg = cap // 2
-        self._lock = threading.Lock()
-        self._cur_start = start_offset
-        self._cur_len = 0
-        self._old_fd: int | None = None
-        self._has_old = False
-        self._closed = False
-        self._sealed = False
-        try:
-            os.unlink(self.old_path)
-        except FileNotFoundError:
-            pass
-        self._cur_fd: int | None = self._open_segment()
-
-    def _open_segment(self) -> int:
-        return os.open(
-            self.path,
-            os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC,
-            0o600,
-        )
-
-    @property
-    def start(self) -> int:
-        return self._cur_start - self._seg if self._has_old else self._cur_start
-
-    @property
-    def end(self) -> int:
-        return self._cur_start + self._cur_len
-
-    @property
-    def kept(self) -> int:
-        """Bytes of output the log holds (its size on disk)."""
-        return self.end - self.start
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"log {self.path} is closed")
-
-    def append(self, data: bytes) -> None:
-        with self._lock:
-            self._check_open()
-            if self._sealed:
-                raise ValueError(f"log {self.path} is sealed: its stream has ended")
-            seg = self._seg
-            view = memoryview(data)
-            rotations = (self._cur_len + len(view)) // seg
-            if rotations >= 2:
-                # Everything before the last full segment would be rotated out again
-                # within this call: skip writing it.
-                skip = (rotations - 1) * seg - self._cur_len
-                self._cur_start += (rotations - 1) * seg
-                self._cur_len = 0
-                os.ftruncate(self._cur_fd, 0)
-                self._drop_old()
-                view = view[skip:]
-            while len(view):
-                piece = view[: seg - self._cur_len]
-                _write_all(self._cur_fd, piece)
-                self._cur_len += len(piece)
-                view = view[len(piece) :]
-                if self._cur_len == seg:
-                    self._rotate()
-
-    def _drop_old(self) -> None:
-        if self._old_fd is not None:
-            os.close(self._old_fd)
-            self._old_fd = None
-            self._has_old = False
-            os.unlink(self.old_path)
-
-    def _rotate(self) -> None:
-        os.replace(self.path, self.old_path)
-        if self._old_fd is not None:
-            os.close(self._old_fd)
-        self._old_fd = self._cur_fd
-        self._has_old = True
-        self._cur_fd = self._open_segment()
-        self._cur_start += self._seg
-        self._cur_len = 0
-
-    def read(self, since: int, limit: int) -> tuple[bytes, int, int]:
-        _check_read(since, limit)
-        with self._lock:
-            self._check_open()
-            end, start = self.end, self.start
-            if since >= end:
-                return b"", end, 0
-            pos = max(since, start)
-            n = min(limit, end - pos)
-            parts = []
-            if pos < self._cur_start:
-                k = min(n, self._cur_start - pos)
-                parts.append(self._pread(self._old_fd, self.old_path, k, pos - start))
-                pos += k
-                n -= k
-            if n:
-                parts.append(self._pread(self._cur_fd, self.path, n, pos - self._cur_start))
-                pos += n
-            return b"".join(parts), pos, max(0, start - since)
-
-    def _pread(self, fd: int | None, path: str, n: int, offset: int) -> bytes:
-        if not self._sealed:
-            return _pread_all(fd, n, offset)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return _pread_all(fd, n, offset)
-        finally:
-            os.close(fd)
-
-    def seal(self) -> None:
-        """The stream has ended: release the file descriptors, keep the files readable."""
-        with self._lock:
-            if self._closed or self._sealed:
-                return
-            self._sealed = True
-            self._release_fds()
-
-    def _release_fds(self) -> None:
-        if self._cur_fd is not None:
-            os.close(self._cur_fd)
-            self._cur_fd = None
-        if self._old_fd is not None:
-            os.close(self._old_fd)
-            self._old_fd = None
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._release_fds()
-
-    def __enter__(self) -> CappedLog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    while len(data):
-        data = data[os.write(fd, data) :]
-
-
-def _pread_all(fd: int | None, n: int, offset: int) -> bytes:
-    assert fd is not None
-    parts = []
-    while n:
-        chunk = os.pread(fd, n, offset)
-        if not chunk:
-            # Someone truncated the file behind our back; report what is there.
-            break
-        parts.append(chunk)
-        n -= len(chunk)
-        offset += len(chunk)
-    return b"".join(parts)
-
-
-# ---------------------------------------------------------------- until
-
-# `until` patterns come from clients and are matched against output a sandboxed program
-# chose: RE2 matches in time linear in the text (no backtracking), so no pattern can stall
-# the daemon the way `(a+)+$` stalls Python's `re`.
-def _re2_options(max_mem: int):
-    options = re2.Options()
-    options.log_errors = False  # errors are reported to the client, not to our stderr
-    options.max_mem = max_mem
-    return options
-
-
-# Compiling holds the interpreter for as long as it takes (a third of a second for \pL{300}):
-# a probe with little memory refuses a huge program within milliseconds, and only a pattern
-# that passes is compiled for searching, with room for RE2's DFA cache (each search's own:
-# nothing is cached across requests, so hostile patterns cannot pile up memory).
-_PROBE_OPTIONS = _re2_options(256 << 10)
-_SEARCH_OPTIONS = _re2_options(2 << 20)
-MAX_UNTIL_CHARS = 10_000
-# RE2's cost per byte grows with the compiled program (a Unicode class like \pL alone is
-# ~1,200 instructions): past this, a pattern is refused rather than searched slowly.
-MAX_UNTIL_PROGRAM = 5000
-# How far back into output already searched a later search looks again, so that a match
-# split across two pieces of output is still found: any match spanning at most this many
-# bytes is found, whatever the pieces.
-UNTIL_OVERLAP_BYTES = 4 << 10
-# New output is searched at most this much at a time (one bounded step each).
-UNTIL_PIECE_BYTES = 64 << 10
-
-_UNSUPPORTED = (
-    # (start of RE2's complaint, what the user wrote, in words)
-    ("invalid perl operator: (?=", "a lookahead (?=...)"),
-    ("invalid perl operator: (?!", "a negative lookahead (?!...)"),
-    ("invalid perl operator: (?<=", "a lookbehind (?<=...)"),
-    ("invalid perl operator: (?<!", "a negative lookbehind (?<!...)"),
-    ("invalid perl operator: (?>", "an atomic group (?>...)"),
-    ("invalid perl operator: (?(", "a conditional group (?(...)...)"),
-    ("invalid perl operator: (?#", "a comment group (?#...)"),
-    ("invalid perl operator: (?x", "verbose mode (?x)"),
-    ("bad repetition operator: *+", "a possessive quantifier (*+)"),
-    ("bad repetition operator: ++", "a possessive quantifier (++)"),
-    ("bad repetition operator: ?+", "a possessive quantifier (?+)"),
-    ("bad repetition operator: }+", "a possessive quantifier ({n}+)"),
-    ("invalid escape sequence: \\Z", "\\Z (write \\z for the end of the output)"),
-    ("invalid escape sequence: \\N", "a named character \\N{...}"),
-    ("invalid repetition size", "a repetition count over 1000"),
-)
-
-
-def _unsupported(complaint: str, pattern: str) -> str:
-    m = re.match(r"invalid escape sequence: \\(\d)", complaint)
-    if m:
-        return f"a backreference (\\{m.group(1)})"
-    if complaint.startswith("invalid perl operator: (?P") and "(?P=" in pattern:
-        return "a named backreference (?P=name)"
-    for prefix, words in _UNSUPPORTED:
-        if complaint.startswith(prefix):
-            return words
-    if complaint.startswith("invalid perl operator: "):
-        return f"the construct {complaint.removeprefix('invalid perl operator: ')}"
-    return f"something RE2 refuses ({complaint})"
-
-
-class UntilPattern:
-    """A compiled `until` pattern (see compile_until). `search` is pure and may run in a
-    worker thread: RE2 releases the interpreter while it matches."""
-
-    def __init__(self, regexp, program_size: int):
-        self._regexp = regexp
-        self.program_size = program_size
-
-    def work(self, nbytes: int) -> int:
-        """A bound on the cost of searching `nbytes` of output, in abstract steps (rendering
-        costs about as much per byte as a small program)."""
-        return nbytes * (self.program_size + 16)
-
-    def search(self, data: bytes, context: str = "") -> bool:
-        """Whether `data` (rendered as `output` shows it) contains a match. `context` is the
-        character before `data`, or "" where `data` starts the text: `^`, `\\A` and `\\b`
-        look at it without a match ever including it."""
-        text = context + render(data)
-        return self._regexp.search(text, len(context)) is not None
-
-
-def compile_until(pattern: str) -> UntilPattern:
-    """`pattern` compiled for matching in linear time, in multi-line mode (`^` and `$` match
-    at every line start and end). Python's `re` syntax as far as RE2 shares it.
-    ValueError says what is wrong and what to do."""
-    if len(pattern) > MAX_UNTIL_CHARS:
-        raise ValueError(f"until is {len(pattern)} characters long, at most "
-                         f"{MAX_UNTIL_CHARS}; give a shorter pattern")
-    source = "(?m)" + pattern
-    try:
-        # _Regexp, not re2.compile: the module's cache would keep up to 128 patterns (and
-        # their DFA caches) alive.
-        probe = re2._Regexp(source, _PROBE_OPTIONS)
-    except re2.error as e:
-        complaint = e.args[0].decode(errors="replace") if e.args and isinstance(
-            e.args[0], bytes) else str(e)
-        if complaint.startswith("pattern too large"):
-            raise ValueError(_too_complex(None)) from None
-        try:
-            re.compile(pattern)
-        except (re.error, RecursionError, OverflowError) as bad:
-            raise ValueError(f"until is not a valid regular expression ({bad}); fix the "
-                             f"pattern") from None
-        raise ValueError(
-            f"until uses {_unsupported(complaint, pattern)}, which toolsd does not support: "
-            f"`until` is matched in linear time (RE2 syntax), without backreferences, "
-            f"lookaround, atomic groups or possessive quantifiers; rewrite the pattern "
-            f"without it") from None
-    size = probe._regexp.ProgramSize()
-    if size > MAX_UNTIL_PROGRAM:
-        raise ValueError(_too_complex(size))
-    return UntilPattern(re2._Regexp(source, _SEARCH_OPTIONS), size)
-
-
-def _too_complex(size: int | None) -> str:
-    how = (f"{size} RE2 instructions" if size is not None else "far more RE2 instructions")
-    return (f"until is too complex to search quickly ({how}, at most {MAX_UNTIL_PROGRAM}); "
-            f"simplify it: smaller repetition counts, fewer Unicode classes like \\pL")
-
-
-class UntilScan:
-    """Which output an `until` search looks at next, so that the total searched stays
-    linear in the output: each step takes at most `piece` bytes of output not searched yet,
-    plus the `overlap` bytes before them (already searched, but a match may straddle the
-    seam). Output from `start` (the read's start) on is the text: `^` matches there.
-
-    Only output still in the ring is searched; what fell out of it unseen is skipped.
-    """
-
-    def __init__(self, start: int, *, overlap: int = UNTIL_OVERLAP_BYTES,
-                 piece: int = UNTIL_PIECE_BYTES):
-        self.start = start
-        self.scanned = start  # the search found nothing in [start, scanned)
-        self.overlap = overlap
-        self.piece = piece
-
-    def next_window(self, ring: Ring) -> tuple[bytes, str] | None:
-        """(bytes to search, the character before them) for the next step, or None when
-        all of `ring` has been searched. Moves on: the caller searches what it got."""
-        base = max(self.start, ring.start)
-        scanned = max(self.scanned, base)
-        if ring.end <= scanned:
-            return None
-        end = min(ring.end, scanned + self.piece)
-        lo = max(base, scanned - self.overlap)
-        # A few bytes more in front: the character before the window is its context.
-        pre = max(base, lo - 4)
-        data, _next, _dropped = ring.read(pre, end - pre)
-        if lo > base:
-            lo = pre + _safe_split(data, lo - pre)
-        self.scanned = end
-        head, window = data[: lo - pre], data[lo - pre :]
-        return window, render(head)[-1:]

@@ -26,16 +26,9 @@ import trio
 
 from toolsd.sandbox import proctree
 from toolsd.runtime import threads
-from toolsd.tools.output import (
-    CappedLog,
-    Ring,
-    UntilPattern,
-    UntilScan,
-    clip,
-    compile_until,
-    head_piece,
-    tail_piece,
-)
+from toolsd.tools.capped_log import CappedLog
+from toolsd.tools.output import Ring, clip, head_piece, tail_piece
+from toolsd.tools.until import UntilPattern, UntilScan, compile_until
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     IO_ERROR,
