@@ -303,7 +303,7 @@ def test_cli_reports_a_missing_file(daemon, workspace):
 
 
 def test_read_error_takes_the_reason_after_a_path_with_colons():
-    from toolsd.tools.images import _read_error
+    from toolsd.tools.images.read import _read_error
 
     e = _read_error("a: b.png", 1, None,
                     b"head: cannot open 'a: b.png' for reading: No such file or directory\n")
