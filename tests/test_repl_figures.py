@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from conftest import module_daemon as shared_daemon, needs_bwrap
-from toolsd.tools.repl import _images
+from toolsd.tools.repl_run import _images
 from toolsd.tools.sentinel import Sentinel
 
 pytestmark = needs_bwrap

@@ -3,12 +3,12 @@
 The interpreter is a driver (driver/python_repl.py, driver/node_repl.js) started by the
 session's launcher on first use: stdin /dev/null, stdout and stderr one pipe, the command pipe
 as fd 3, the interrupt pipe as fd 4. Each request is one JSON line on fd 3; its answer is
-everything the driver writes up to the sentinel of that request (toolsd/sentinel.py), so
+everything the driver writes up to the sentinel of that request (tools/sentinel.py), so
 printed text can never shift the answers of later calls.
 
-Interrupts are addressed to a request: its number, as a line on fd 4, then WAKE_SIGNAL to the
-driver, which acts only on an interrupt for the request it is running (or is about to run),
-and ignores one for a request that has already ended. A bare SIGINT cannot be: it may land
+Interrupts are addressed to a request: its number, as a line on fd 4, then WAKE_SIGNAL
+(interpreter.py) to the driver, which acts only on an interrupt for the request it is running
+(or is about to run), and ignores one for a request that has already ended. A bare SIGINT cannot be: it may land
 after the request it was meant for ended (node ends itself on a SIGINT that lands just after
 vm's breakOnSigint has ended), and C's system() ignores it while it waits.
 
@@ -44,47 +44,32 @@ running and idle, the usual case. Then the task that read the request writes its
 goes back to reading, and the task reading the interpreter's output answers it on the
 sentinel. Its deadline is kept by the interpreter's watch task, whose one alarm moves only
 when a request's deadline comes sooner; a timeout, a cancel or the interpreter's end hands
-the rest of the request to a task (`_Run.finish`), which ends it as `execute` would.
+the rest of the request to a task (`Run.finish`, repl_run.py), which ends it as `execute`
+would.
 
 Resource handling: a Repl belongs to its Turn; `aclose()` (turn.end, session.close) kills the
 interpreter's tree and ends its output pump and watch task, which run in the session's
-nursery. The daemon's end of every pipe belongs to the running `_Interpreter`, and is closed
-when its pump ends (output) or when it is killed (commands). A request's lock on its REPL
-is released by whatever ends it (see _Run).
+nursery. The daemon's end of every pipe belongs to the running `Interpreter`
+(interpreter.py), and is closed when its pump ends (output) or when it is killed (commands).
+A request's lock on its REPL is released by whatever ends it (see Run).
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import os
 import posixpath
-import signal
 import sys
 import time
-import uuid as uuidlib
 
-import msgspec
 import trio
 
-from toolsd.sandbox import proctree
-from toolsd.runtime import threads
-from toolsd.sandbox.launcher import KILL_THREADS
-from toolsd.tools.output import HeadTail, Ring
-from toolsd.wire.protocol import (
-    BAD_PARAMS,
-    NOT_FOUND,
-    UNSET,
-    ReplExecParams,
-    ReplExecResult,
-    ReplImage,
-    ToolsdError,
-)
 from driver import NODE_REPL, PYTHON_REPL
-from toolsd.tools.sentinel import Sentinel, SentinelScanner
-from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_with_pipe
-from toolsd.tools.shell import KILL_GRACE_S
-from toolsd.tools.spill import tee
+from toolsd.sandbox import proctree
+from toolsd.sandbox.jobs import end_tree, pump, spawn_with_pipe
+from toolsd.tools.interpreter import Interpreter
+from toolsd.tools.output import Ring
+from toolsd.tools.repl_run import Run
+from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]
 
@@ -93,15 +78,8 @@ GRACE_S = 2.0
 # The last part of GRACE_S: the processes the call started that are still there then (they
 # ignore SIGINT, and the code may be waiting on one) are ended for it to come back.
 ESCALATE_S = 1.0
-# After the interpreter exits without a sentinel, how long we read the rest of its output
-# (the sentinel may still be in the pipe) before killing whatever holds the pipe open.
-DRAIN_S = 0.5
 # Output printed between requests, kept for the next one (the most recent part).
 LATE_BYTES = 64 * 1024
-# Sent to the driver after an interrupt request is written to its fd 4. Not SIGINT (see the
-# module's docstring); its default action is to do nothing, so it harms no process that has
-# no handler for it (node's driver reads fd 4 in a thread of its own and needs none).
-WAKE_SIGNAL = signal.SIGURG
 
 DRIVERS = {
     "python": PYTHON_REPL,
@@ -191,7 +169,7 @@ class Repl:
         # One request at a time, in the order they came. A semaphore, not a lock: a request
         # without a task (start_detached) is ended by the task that reads its sentinel.
         self._lock = trio.Semaphore(1)
-        self._interp: _Interpreter | None = None
+        self._interp: Interpreter | None = None
         self._late: Ring | None = None  # output printed while no request was in flight
 
     # The running interpreter's framing state (None before the first start).
@@ -226,7 +204,7 @@ class Repl:
                 if interp is not None:
                     await interp.kill()  # what its children may have left running
                 session.check_open()
-                interp = self._interp = await _Interpreter.start(session, self.argv,
+                interp = self._interp = await Interpreter.start(session, self.argv,
                                                                  self._late_feed)
                 if self.closed:
                     # The turn ended while the interpreter started: aclose did not see it.
@@ -260,18 +238,18 @@ class Repl:
             detached.escalate()  # the pipe is full, or the interpreter gone: a task sees to it
         return True
 
-    def _begin(self, interp: _Interpreter, p: ReplExecParams, fresh: bool,
-               started: float) -> _Run:
-        """Start sending `p` to `interp`, the lock being ours; from here the _Run owns it."""
+    def _begin(self, interp: Interpreter, p: ReplExecParams, fresh: bool,
+               started: float) -> Run:
+        """Start sending `p` to `interp`, the lock being ours; from here the Run owns it."""
         try:
-            run = _Run(self, interp, p, fresh, started)
+            run = Run(self, interp, p, fresh, started)
         except BaseException:
             self._lock.release()
             raise
         interp.begin(run.line, run.feed)
         return run
 
-    async def _run(self, run: _Run):
+    async def _run(self, run: Run):
         """(status, state_lost, notice, processes_ended) of a request begun on its
         interpreter: the rest of its code sent, then its sentinel within its deadline, or the
         interrupt."""
@@ -298,7 +276,7 @@ class Repl:
                 with trio.CancelScope(shield=True):
                     await self._interrupt(run, None)
 
-    async def _answer(self, interp: _Interpreter):
+    async def _answer(self, interp: Interpreter):
         if interp.sentinel is None:
             await interp.drain()
         if interp.sentinel is not None:
@@ -309,7 +287,7 @@ class Repl:
                                  f"; its state is lost and the next call starts a fresh one"
                                  f"{_ended_note(others, 'of its processes')}]"), others
 
-    async def _interrupt(self, run: _Run, timeout_s: float | None):
+    async def _interrupt(self, run: Run, timeout_s: float | None):
         """Interrupt the request and the processes it started; once the interpreter has
         answered, end what the request started that still runs. The whole tree if the
         interpreter does not answer within GRACE_S."""
@@ -388,344 +366,6 @@ class Repl:
         return alive
 
 
-class _Run:
-    """One repl.exec from the moment it has its REPL's lock: its output, its deadline and its
-    result. The lock is released by whatever ends it: `finish()` in a task, or, for a request
-    without one (start_detached), the sentinel's arrival."""
-
-    def __init__(self, repl: Repl, interp: _Interpreter, p: ReplExecParams, fresh: bool,
-                 started: float):
-        self.repl = repl
-        self.interp = interp
-        self.p = p
-        self.fresh = fresh
-        self.started = started
-        self.line = msgspec.json.encode(p.code) + b"\n"
-        self.out = HeadTail(p.max_output_chars)
-        self.spill = repl.spills.start(p.max_output_chars) if p.spill and repl.spills else None
-        self.feed = self.out.feed if self.spill is None else tee(self.out.feed, self.spill.feed)
-        self.late_dropped = repl._take_late(self.feed)
-        self.deadline = trio.current_time() + p.timeout_s
-        self.detached = None  # answers.Detached, for a request without a task
-        # Before its code goes out: what starts after this is the request's (proctree).
-        self.since = proctree.mark()
-        # The interpreter before this fresh one died without an answer saying so.
-        self.lost_before = False
-        self.host_exec_now = None  # Session.host_exec_now, for a request without a task
-
-    def result(self, status: str, state_lost: bool = False, notice: str = "",
-               processes_ended: int = 0) -> ReplExecResult:
-        output, truncated = _render(self.out, notice)
-        if state_lost:
-            self.interp.loss_told = True
-        state_lost = state_lost or self.lost_before
-        return ReplExecResult(
-            status=status,
-            output=output,
-            output_bytes=self.out.total + self.late_dropped,
-            truncated=truncated or self.late_dropped > 0,
-            fresh=self.fresh,
-            state_lost=state_lost,
-            duration_s=round(time.monotonic() - self.started, 6),
-            images=_images(self.interp.sentinel),
-            output_file=self.spill.finish(truncated) if self.spill is not None else None,
-            processes_ended=processes_ended,
-        )
-
-    async def in_tree(self, fn, *args, **kwargs):
-        """fn(shim, interpreter, since, ...) on this request's processes, in a worker thread
-        (it reads /proc), with the shim held so that its pid stays the shim's; None once the
-        interpreter's tree is gone."""
-        job = self.interp.job
-        with job.holding_tree() as shim_pid:
-            if shim_pid is None:
-                return None
-            return await trio.to_thread.run_sync(
-                lambda: fn(shim_pid, job.pid, self.since, *args, **kwargs),
-                limiter=threads.limiter("kill", KILL_THREADS))
-
-    async def end_processes(self, signalled: frozenset) -> int:
-        """End what the request started that still runs, as shell.run ends a command's tree
-        on timeout; how many of its processes ended, those `signalled` before included."""
-        done = await self.in_tree(proctree.end_since, grace_s=KILL_GRACE_S,
-                                  interrupted=signalled or frozenset())
-        return done[0] if done else 0
-
-    async def finish(self) -> ReplExecResult:
-        """The rest of the request, in a task."""
-        if self.interp.waiter is self:
-            self.interp.waiter = None
-        try:
-            status, state_lost, *details = await self.repl._run(self)
-            if state_lost and self.repl._cut_off is not None:
-                # Its interpreter was killed by the session's close, not by the code.
-                raise self.repl.ended()
-            return self.result(status, state_lost, *details)
-        finally:
-            self.repl._lock.release()
-            if self.spill is not None:
-                self.spill.discard()  # a no-op once its result has it
-
-    # Called by the interpreter, for a request without a task.
-
-    def sentinel_came(self, ok: bool) -> None:
-        host_exec = self.host_exec_now()
-        if host_exec is None:
-            # The code changed the workspace so that looking at it takes a worker thread,
-            # which the request's task (rest) waits for. It finds the sentinel there.
-            self.needs_task()
-            return
-        result = self.result("ok" if ok else "error")
-        result.host_exec = host_exec or UNSET
-        if self.detached.finish(result):
-            self.repl._lock.release()
-        # else a task has the request: it finds the sentinel
-
-    def needs_task(self) -> None:
-        """Its deadline passed, or the interpreter is gone."""
-        self.detached.escalate()
-
-
-class _Interpreter:
-    """One driver process: its job, the command and interrupt pipes, the framing state, the
-    pump task, and the watch task (its exit, and the deadline of a request without a task)."""
-
-    def __init__(self, job, cmd_fd: int, intr_fd: int, idle_sink):
-        self.job = job
-        self.uuid = uuidlib.uuid4().hex
-        self.scanner = SentinelScanner(self.uuid)
-        self.seq = 0
-        self.sentinel: Sentinel | None = None
-        self.sent = "all"  # of the request in flight: "none", "some" or "all"
-        self.eof = trio.Event()
-        # The request in flight if no task waits for it (a _Run): told of its sentinel, or
-        # handed to a task when its deadline passes or the interpreter goes.
-        self.waiter: _Run | None = None
-        # An answer said `state_lost: true` for this interpreter (else the next call does).
-        self.loss_told = False
-        self._cmd_fd = cmd_fd
-        self._intr_fd = intr_fd
-        self._unsent = b""  # of the request in flight
-        self._next_sink = idle_sink  # its output's, once all of it is sent
-        self._idle_sink = idle_sink
-        self._sink = idle_sink
-        self._wake = trio.Event()
-        self._alarm = trio.CancelScope()  # the watch task's wait (see _watch)
-        self._alarm_at = math.inf
-        self._pump_scope = trio.CancelScope()
-        self._killing = False
-        self._killed = trio.Event()
-        self.out_of_memory = lambda: False  # see start
-        self.memory_mb = 0
-
-    @classmethod
-    async def start(cls, session, argv: list[str], idle_sink) -> _Interpreter:
-        cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
-        intr_r, intr_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        oom_kills = session.oom_kills()
-        try:
-            job, read_fd = await spawn_with_pipe(session, argv, cwd=session.workspace,
-                                                 env=session.env, extra_fds=[cmd_r, intr_r])
-        except BaseException:
-            os.close(cmd_w)
-            os.close(intr_w)
-            raise
-        finally:
-            # The interpreter holds the only copies: its exit gives EPIPE.
-            os.close(cmd_r)
-            os.close(intr_r)
-        self = cls(job, cmd_w, intr_w, idle_sink)
-        # Whether the session met its memory limit while this interpreter lived.
-        self.out_of_memory = functools.partial(session.memory_limit_hit, oom_kills)
-        self.memory_mb = session.limits.memory_mb
-        os.set_blocking(cmd_w, False)
-        session.nursery.start_soon(self._pump, read_fd)
-        session.nursery.start_soon(self._watch)
-        try:
-            # Into an empty pipe, and shorter than PIPE_BUF: all of it, at once.
-            os.write(cmd_w, self.uuid.encode() + b"\n")
-        except OSError:
-            pass  # it died at once: the first request finds it gone
-        return self
-
-    @property
-    def gone(self) -> bool:
-        """The interpreter exited, or closed its output (it can answer nothing more)."""
-        return self.job.exited.is_set() or self.eof.is_set() or self._killing
-
-    def how_it_ended(self) -> str:
-        if self.job.lost:
-            return "the sandbox's launcher went away"
-        if self.job.signal is not None and self.out_of_memory():
-            return (f"killed by {signal_name(self.job.signal)}: the session's memory limit "
-                    f"({self.memory_mb} MB) was reached, and the kernel's OOM killer ended it")
-        if self.job.signal is not None:
-            return f"killed by {signal_name(self.job.signal)}"
-        if self.job.exit_code is not None:
-            return f"exit code {self.job.exit_code}"
-        return "it closed its output"
-
-    # ------------------------------------------------------------ requests
-
-    def begin(self, line: bytes, sink) -> None:
-        """Send one request, as much of it as the pipe takes now (`sent`; send_rest sends
-        the rest). Its output goes to `sink` until its sentinel."""
-        self.sentinel = None
-        self._wake = trio.Event()
-        self.sent = "none"
-        self._unsent = line
-        self._next_sink = sink
-        self._write_some()
-
-    async def send_rest(self) -> None:
-        """The rest of the request begun, waiting for room in the pipe."""
-        while self._write_some() is False:
-            try:
-                await trio.lowlevel.wait_writable(self._cmd_fd)
-            except trio.ClosedResourceError:
-                return  # killed meanwhile
-
-    def _write_some(self) -> bool | None:
-        """True once all of the request is sent; False if the pipe is full; None if it
-        cannot be sent (the interpreter is gone, or killed: settled() sees it)."""
-        while self._unsent:
-            if self._cmd_fd < 0:
-                return None
-            try:
-                n = os.write(self._cmd_fd, self._unsent)
-            except BlockingIOError:
-                return False
-            except OSError:
-                return None  # EPIPE
-            self._unsent = self._unsent[n:]
-            self.sent = "some"
-        if self.sent != "all":
-            # Only now is the request numbered: the driver counts the lines it received, so
-            # a request cancelled before its first byte went out must not take a number. The
-            # driver cannot answer a request before reading all of it.
-            self.sent = "all"
-            self.seq += 1
-            self.scanner.expect(self.seq)
-            self._sink = self._next_sink
-        return True
-
-    def wait_detached(self, run: _Run) -> None:
-        """`run` has no task: tell it of its sentinel, or hand it to one when its deadline
-        passes or the interpreter goes."""
-        self.waiter = run
-        if run.deadline < self._alarm_at:
-            # Only when it comes sooner: requests with the same timeout never move the alarm,
-            # which goes off once per timeout at most and is set again for the request then
-            # in flight.
-            self._alarm_at = self._alarm.deadline = run.deadline
-
-    def _hand_over(self) -> None:
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None:
-            waiter.needs_task()
-
-    async def settled(self) -> None:
-        """Until the request in flight is answered or the interpreter is gone."""
-        while self.sentinel is None and not self.gone:
-            await self._wake.wait()
-            self._wake = trio.Event()
-
-    def interrupt(self) -> None:
-        """Ask the driver to interrupt the request in flight (all of it sent): its number on
-        the interrupt pipe, then the wake-up. The driver ignores it if that request has
-        ended meanwhile."""
-        try:
-            os.write(self._intr_fd, b"%d\n" % self.seq)
-        except OSError:
-            pass  # gone (it is then killed), or a driver that reads no interrupts: full
-        if self.job.pid > 0 and not self.job.exited.is_set():
-            try:
-                os.kill(self.job.pid, WAKE_SIGNAL)
-            except ProcessLookupError:
-                pass
-
-    async def drain(self) -> None:
-        """The interpreter is gone: read the rest of its output, killing whatever it left
-        holding the pipe if the rest does not come soon."""
-        with trio.move_on_after(DRAIN_S):
-            await self.eof.wait()
-        if not self.eof.is_set():
-            await self.kill()
-
-    # ------------------------------------------------------------ output
-
-    async def _pump(self, read_fd: int) -> None:
-        try:
-            with self._pump_scope:
-                await pump(read_fd, self._on_data)
-        finally:
-            rest = self.scanner.flush()
-            if rest:
-                self._sink(rest)
-            self.eof.set()
-            self._wake.set()
-            self._hand_over()
-
-    def _on_data(self, data: bytes) -> None:
-        while True:
-            out, sentinel = self.scanner.feed(data)
-            if out:
-                self._sink(out)
-            if sentinel is None:
-                return
-            # Set synchronously with the sentinel: whatever follows it is late output.
-            self.sentinel = sentinel
-            self._sink = self._idle_sink
-            self._wake.set()
-            waiter, self.waiter = self.waiter, None
-            if waiter is not None:
-                waiter.sentinel_came(sentinel.ok)
-            data = b""
-
-    async def _watch(self) -> None:
-        """Until the interpreter exits: then wake whoever waits for it. Meanwhile, hand a
-        request without a task whose deadline passed to a task, which interrupts it."""
-        while not self.job.exited.is_set():
-            self._alarm = trio.CancelScope(deadline=self._alarm_at)
-            with self._alarm:
-                await self.job.exited.wait()
-            waiter = self.waiter
-            if waiter is not None and trio.current_time() >= waiter.deadline:
-                self._hand_over()
-            self._alarm_at = self.waiter.deadline if self.waiter is not None else math.inf
-        self._wake.set()
-        self._hand_over()
-
-    # ------------------------------------------------------------ ending
-
-    async def kill(self) -> int:
-        """End the interpreter's whole tree and its pump; idempotent, shielded. How many
-        processes of its tree other than the interpreter this call ended."""
-        with trio.CancelScope(shield=True):
-            if self._killing:
-                await self._killed.wait()
-                return 0
-            self._killing = True
-            self._wake.set()
-            self._hand_over()
-            try:
-                fd, self._cmd_fd = self._cmd_fd, -1
-                trio.lowlevel.notify_closing(fd)
-                os.close(fd)
-                fd, self._intr_fd = self._intr_fd, -1
-                os.close(fd)
-                running = int(not self.job.exited.is_set())
-                ended, _survivors = await end_tree(self.job, 0)
-                # Every writer is dead: the pipe's rest is there to read at once, unless a
-                # descriptor escaped the tree; then we stop reading anyway.
-                with trio.move_on_after(DRAIN_S):
-                    await self.eof.wait()
-                self._pump_scope.cancel()
-                return max(0, ended - running)
-            finally:
-                self._killed.set()
-
-
 def _ended_note(count: int, whose: str) -> str:
     """The end of a notice that counts ended processes ("" for none)."""
     if not count:
@@ -733,20 +373,3 @@ def _ended_note(count: int, whose: str) -> str:
     if count == 1:
         return f"; 1 process {whose} was ended"
     return f"; {count} processes {whose} were ended"
-
-
-def _images(sentinel: Sentinel | None) -> list[ReplImage]:
-    """The pictures the driver listed with the request's sentinel (1.1 "figures"). Code in
-    the sandbox could forge a sentinel: a list of any other shape is dropped, not passed on."""
-    listed = sentinel.status.get("images") if sentinel is not None else None
-    if not listed:
-        return []
-    try:
-        return msgspec.convert(listed, list[ReplImage])
-    except msgspec.ValidationError:
-        return []
-
-
-def _render(out: HeadTail, notice: str) -> tuple[str, bool]:
-    """The output within max_output_chars, the notice line (if any, and if it fits) last."""
-    return out.result_with(notice)
