@@ -1,41 +1,28 @@
-"""Background processes: `bgN` ids that are never reused, output kept for reading while they
-run, and a stop that ends the whole tree.
-
-Resource handling: a BackgroundProcess belongs to its session; its task (`watch`) runs in the
-session's nursery and pumps output into a ring (recent output, in memory) and a capped log
-file (older output, on disk). `stop()` ends every process of its tree through its shim, which
-every orphan of the tree reparents to; session close and daemon shutdown call it for each one
-still running. Once the process has exited and its output is drained, the task retires it: the
-ring shrinks to a short tail and the log is sealed (its descriptors closed, the file kept for
-`toolsd logs`), so a finished process kept for its final status costs little memory and no
-descriptor. The task then waits until the process is forgotten or its session closes, and
-removes the log file.
+"""The process.* methods: start a background process, read its output (with `until`), stop
+it, list them; and the daemon-wide memory of finished ones (MAX_REMEMBERED). The process
+itself is background.py's BackgroundProcess.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import logging
 import os
-import time
 from functools import partial
 
-import psutil
 import trio
 
-from toolsd.sandbox import proctree
 from toolsd.runtime import threads
+from toolsd.sandbox.jobs import signal_name, spawn_shell
+from toolsd.tools.background import CPU_THREADS, BackgroundProcess, remove_log
 from toolsd.tools.capped_log import CappedLog
-from toolsd.tools.output import Ring, clip, head_piece, tail_piece
-from toolsd.tools.until import UntilPattern, UntilScan, compile_until
+from toolsd.tools.output import head_piece, tail_piece
+from toolsd.tools.until import compile_until
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     IO_ERROR,
     LIMIT_EXCEEDED,
     MARKER,
     SESSION_CLOSED,
-    ProcessInfo,
     ProcessListResult,
     ProcessOutputParams,
     ProcessOutputResult,
@@ -44,252 +31,15 @@ from toolsd.wire.protocol import (
     ProcessStopResult,
     ToolsdError,
 )
-from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_shell
 
-logger = logging.getLogger("toolsd.processes")
-
-RING_BYTES = 1 << 20  # recent output in memory, at most (it grows as output comes)
 LOG_CAP_BYTES = 64 << 20  # older output on disk, per process
-# What a finished process keeps of its output in memory (older output is read from its log).
-RETIRED_RING_BYTES = 64 << 10
-# The logs of a session's finished processes together: past this, the oldest are removed
-# (their output then reads as dropped_bytes, but for the last RETIRED_RING_BYTES).
-SESSION_RETIRED_LOG_BYTES = 256 << 20
 # Background processes a session may have that have not finished (running, or exited with
 # something of their tree still holding the output pipe): each holds a log descriptor, a pipe
 # and up to RING_BYTES of memory.
 MAX_LIVE_PER_SESSION = 128
-# An `until` search step or a rendering costing more than this (UntilPattern.work units, or
-# bytes) runs in a worker thread, so the event loop keeps serving every other request.
-INLINE_SEARCH_WORK = 1 << 19
+# A rendering of more bytes than this runs in a worker thread (as a long `until` search step
+# does: background.INLINE_SEARCH_WORK), so the event loop keeps serving every other request.
 INLINE_RENDER_BYTES = 32 << 10
-# Worker threads for those, at most, however many clients ask at once.
-CPU_THREADS = 2
-# After the command exits, how long a waiting read gives the pipe to deliver the command's
-# last output before it answers (a child holding the pipe may keep it open for ever).
-EXIT_DRAIN_S = 0.1
-# What is kept of a command to show in process.list: its head and tail. A command may be as
-# big as a frame, and a thousand of them are remembered.
-COMMAND_SHOWN_CHARS = 4096
-
-
-class BackgroundProcess:
-    def __init__(self, process_id: str, session, command: str, name: str, job,
-                 log_file: CappedLog, oom_kills_before: int | None = None):
-        self.id = process_id
-        self.session = session
-        self.command = clip(command.encode(), COMMAND_SHOWN_CHARS)[0]
-        self.name = name
-        self.job = job
-        self.pid = job.pid
-        self.started_at = time.time()
-        self.ended_at: float | None = None
-        self.ring = Ring(RING_BYTES)
-        self.log: CappedLog | None = log_file
-        self.read_mark = 0
-        self.stopped = False  # ended by process.stop / session close rather than on its own
-        # Stops under way, which decide `stopped` when they end (see settled).
-        self._stops = 0
-        self._stops_over = trio.Event()
-        self.retired = False  # finished and drained: ring shrunk, log sealed (see _retire)
-        self.output_done = trio.Event()  # the pipe reached EOF (or the session ended)
-        self.finished = trio.Event()  # exited, and its last output read (or drain time over)
-        self._changed = trio.Event()
-        self._forgotten = trio.Event()  # dropped from the registry: the task may end
-        self._oom_kills_before = oom_kills_before  # the session's, as it started
-        self._cpu_samples: dict[int, tuple[psutil.Process, float, float]] = {}
-
-    # ------------------------------------------------------------ state
-
-    @property
-    def running(self) -> bool:
-        return not self.job.exited.is_set()
-
-    @property
-    def status(self) -> str:
-        if self.running:
-            return "running"
-        return "stopped" if self.stopped else "exited"
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def feed(self, data: bytes) -> None:
-        self.ring.append(data)
-        if self.log is not None:
-            try:
-                self.log.append(data)
-            except OSError as e:
-                # A full disk must not take the session down: keep the ring, lose the log.
-                logger.warning("%s: log file failed (%s); keeping only the last %d bytes in "
-                            "memory", self.id, e, RING_BYTES)
-                self._drop_log()
-        self._notify()
-
-    async def watch(self, read_fd: int) -> None:
-        """The process's task: pump its output until EOF and note its exit; then retire the
-        process and wait until it is forgotten or its session closes, and remove its log."""
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._wait_exit)
-                try:
-                    await pump(read_fd, self.feed)
-                finally:
-                    self.output_done.set()
-                    self._notify()
-            self._retire()
-            _trim_retired_logs(self.session)
-            await self._forgotten.wait()
-        finally:
-            self._retire()
-            self._drop_log()
-
-    async def _wait_exit(self) -> None:
-        await self.job.exited.wait()
-        self.ended_at = time.time()
-        self._notify()
-        with trio.move_on_after(EXIT_DRAIN_S):
-            await self.output_done.wait()
-        note = self.session.memory_note(self._oom_kills_before)
-        if note:
-            # In its output, where a reader (and `toolsd logs`) meets it right at the end.
-            last, _, _ = self.ring.read(self.ring.end - 1, 1) if self.ring.end else (b"\n", 0, 0)
-            self.feed((b"" if last == b"\n" else b"\n") + note.encode() + b"\n")
-        self.finished.set()
-        self._notify()
-
-    def _retire(self) -> None:
-        """Release what a finished process no longer needs: memory beyond a short tail of its
-        output, and the log's descriptors (the file stays readable until _drop_log)."""
-        if self.retired:
-            return
-        self.retired = True
-        self.output_done.set()
-        self.finished.set()
-        if self.ended_at is None:
-            self.ended_at = time.time()
-        if self.log is not None:
-            self.log.seal()
-        self.ring.shrink(RETIRED_RING_BYTES)
-        self._notify()
-
-    def forget(self) -> None:
-        """Called once the registry dropped it: its task ends and removes the log."""
-        self._forgotten.set()
-
-    def _drop_log(self) -> None:
-        if self.log is not None:
-            _remove_log(self.log, self.id)
-            self.log = None
-
-    # ------------------------------------------------------------ reading
-
-    def read(self, since: int, limit: int) -> tuple[bytes, int, int]:
-        """Bytes from `since` (at most `limit`), the offset after them, and how many bytes
-        between `since` and the oldest byte still kept are gone."""
-        if since >= self.ring.start or self.log is None:
-            return self.ring.read(since, limit)
-        try:
-            return self.log.read(since, limit)
-        except OSError as e:
-            # Its file went away behind our back (or the disk failed): what is in memory is
-            # all there is now.
-            logger.warning("%s: cannot read the log (%s); keeping only the output in memory",
-                           self.id, e)
-            self._drop_log()
-            return self.ring.read(since, limit)
-
-    async def wait_for(self, start: int, until: UntilPattern | None) -> None:
-        """Wait for output past `start` (matching `until` if given) or for the end of the
-        process. Woken by each chunk of output, never by a timer; the caller bounds it.
-        `until` is matched against output still in memory (the last RING_BYTES), a bounded
-        piece at a time (see UntilScan), off the event loop when a piece is costly."""
-        scan = UntilScan(start)
-        while True:
-            if until is None:
-                if self.ring.end > start:
-                    return
-            else:
-                window = scan.next_window(self.ring)
-                if window is not None:
-                    if await _search(until, *window):
-                        return
-                    continue
-            if self.finished.is_set():
-                return
-            await self._changed.wait()
-
-    # ------------------------------------------------------------ stopping
-
-    async def settled(self) -> None:
-        """Until no stop is under way: a process that exits in the middle of one is
-        "stopped" or "exited" only once the stop knows whether its signals ended it."""
-        while self._stops:
-            await self._stops_over.wait()
-
-    async def stop(self, grace_s: float) -> ProcessStopResult:
-        was_running = self.running
-        self._stops += 1
-        try:
-            ended, survivors = await end_tree(self.job, grace_s)
-            # Stopped only if our signals ended something: a process that ended by itself
-            # just before (or while) we looked is "exited", with its own exit code.
-            if was_running and ended:
-                self.stopped = True
-        finally:
-            self._stops -= 1
-            if not self._stops:
-                self._stops_over.set()
-                self._stops_over = trio.Event()
-        # Answer once its last output is in, so that it no longer counts as live (see start):
-        # a start right after a stop finds the room the stop made.
-        with trio.move_on_after(EXIT_DRAIN_S + 1):
-            await self.finished.wait()
-        if self.ended_at is None and not self.running:
-            self.ended_at = time.time()
-        return ProcessStopResult(id=self.id, status=self.status, exit_code=self.job.exit_code,
-                                 signal=signal_name(self.job.signal), ended=ended,
-                                 survivors=survivors)
-
-    def info(self, shim_pid: int | None) -> ProcessInfo:
-        """What `process.list` shows. cpu_percent and rss_bytes are the sums over the whole
-        tree (a `bash -c` wrapper uses nothing; the server under it is what matters);
-        descendants counts the processes of the tree but the command that have not ended (a
-        zombie has: only its parent's wait is pending, the shim's after a stop). Blocking:
-        call it from a thread, inside `self.job.holding_tree()`, which gives shim_pid."""
-        cpu, rss, tree, descendants = 0.0, 0, [], 0
-        if shim_pid is not None:
-            tree = proctree.descendants(shim_pid)
-        now = time.monotonic()
-        samples = {}
-        for proc in tree:
-            try:
-                with proc.oneshot():
-                    if proc.status() == psutil.STATUS_ZOMBIE:
-                        continue
-                    if proc.pid != self.pid:
-                        descendants += 1
-                    times = proc.cpu_times()
-                    used = times.user + times.system
-                    rss += proc.memory_info().rss
-                    before = self._cpu_samples.get(proc.pid)
-                    if before is not None and before[0] == proc and now > before[2]:
-                        cpu += 100.0 * (used - before[1]) / (now - before[2])
-                    else:
-                        # First sight: the average over its life, as ps(1) shows it.
-                        age = max(time.time() - proc.create_time(), 1e-3)
-                        cpu += 100.0 * used / age
-                    samples[proc.pid] = (proc, used, now)
-            except psutil.Error:
-                continue
-        self._cpu_samples = samples
-        return ProcessInfo(
-            id=self.id, session=self.session.id, name=self.name, command=self.command,
-            pid=self.pid, status=self.status, exit_code=self.job.exit_code,
-            started_at=self.started_at, ended_at=self.ended_at, cpu_percent=round(cpu, 1),
-            rss_bytes=rss, descendants=descendants,
-            output_bytes=self.ring.end)
 
 
 # ---------------------------------------------------------------- methods
@@ -322,18 +72,18 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
     try:
         job, read_fd = await spawn_shell(session, p.command, cwd=cwd, env=env)
     except ToolsdError:
-        _remove_log(log_file, process_id)
+        remove_log(log_file, process_id)
         # The session may have closed while we spawned (its launcher's refusal then reads
         # like a bad command): say what really happened.
         session.check_open()
         raise
     except BaseException:
-        _remove_log(log_file, process_id)
+        remove_log(log_file, process_id)
         raise
     if session.closed:
         # Closed while we spawned: its sandbox ends the command; nobody would watch it here.
         os.close(read_fd)
-        _remove_log(log_file, process_id)
+        remove_log(log_file, process_id)
         raise ToolsdError(SESSION_CLOSED, f"process.start: session {session.id} was closed "
                           f"while the command started; open a new session")
     proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file, oom_kills)
@@ -362,39 +112,6 @@ def forget_oldest_finished(supervisor) -> None:
             proc.session.processes.pop(process_id, None)
             proc.forget()
             excess -= 1
-
-
-def _trim_retired_logs(session) -> None:
-    """Keep the logs of a session's finished processes within SESSION_RETIRED_LOG_BYTES,
-    removing the oldest first."""
-    retired = [bg for bg in session.processes.values() if bg.retired and bg.log is not None]
-    total = sum(bg.log.kept for bg in retired)
-    for bg in retired:  # in start order
-        if total <= SESSION_RETIRED_LOG_BYTES:
-            break
-        total -= bg.log.kept
-        bg._drop_log()
-
-
-def _remove_log(log_file: CappedLog, owner: str) -> None:
-    log_file.close()
-    for path in (log_file.path, log_file.old_path):
-        try:
-            os.unlink(path)
-        except OSError as e:
-            if e.errno != errno.ENOENT:
-                logger.warning("%s: cannot remove %s: %s", owner, path, e)
-
-
-async def _search(until: UntilPattern, data: bytes, context: str) -> bool:
-    if until.work(len(data)) <= INLINE_SEARCH_WORK:
-        found = until.search(data, context)
-        await trio.lowlevel.checkpoint()  # many cheap steps in a row still take turns
-        return found
-    # Abandoned at the caller's deadline: the thread finishes its bounded step on its own,
-    # on its private copy of the output.
-    return await trio.to_thread.run_sync(until.search, data, context, abandon_on_cancel=True,
-                                         limiter=threads.limiter("until", CPU_THREADS))
 
 
 async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutputResult:
