@@ -21,7 +21,7 @@ import trio
 from conftest import RunningDaemon, needs_bwrap, module_daemon as shared_daemon, wait_gone
 from toolsd.client import Client, ToolsdError
 from toolsd.wire.framing import FrameReader, encode_frame
-from toolsd.server import MAX_IN_FLIGHT
+from toolsd.daemon.connection import MAX_IN_FLIGHT
 
 pytestmark = needs_bwrap
 

@@ -132,9 +132,9 @@ def hidden_and_shown(hide: list[str], show: list[str]) -> tuple[tuple[str, ...],
 
 
 def cmd_serve(args) -> int:
-    from toolsd import daemon
+    from toolsd.daemon import serve as daemon
     from toolsd.sandbox.policy import Limits
-    from toolsd.supervisor import Config
+    from toolsd.daemon.supervisor import Config
 
     daemon.setup_logging(args.verbose)
     path = socket_of(args)

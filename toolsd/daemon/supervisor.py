@@ -20,7 +20,7 @@ from toolsd import __version__
 from toolsd.sandbox import cgroups
 from toolsd.wire.protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
 from toolsd.sandbox.policy import Limits
-from toolsd.state import StateDir
+from toolsd.daemon.state import StateDir
 
 log = logging.getLogger("toolsd.supervisor")
 
@@ -109,7 +109,9 @@ class Supervisor:
     # ------------------------------------------------------------ sessions
 
     async def open_session(self, params):
-        from toolsd.session import Session  # session imports the launcher; keep startup light
+        from toolsd.daemon.session import (  # session imports the launcher; keep startup light
+            Session,
+        )
 
         if self.closing:
             raise ToolsdError(SESSION_CLOSED, "toolsd is shutting down; start it again")
@@ -158,7 +160,7 @@ class Supervisor:
             self.nursery.start_soon(self._make_spare, params)
 
     async def _make_spare(self, params) -> None:
-        from toolsd.session import Session
+        from toolsd.daemon.session import Session
 
         spare = session = None
         try:

@@ -1,28 +1,23 @@
-"""The socket side of the daemon: listen, check the peer, read frames, run each request in its
-own task (or none, for a method that can: answers.Detached), answer through one send lock per
-connection.
+"""One client's connection: read frames, run each request in its own task (or none, for a
+method that can: answers.Detached), answer through one send lock per connection.
 
-Resource handling: `serve()` owns the listening socket and every connection; a connection owns
-its in-flight requests, which are cancelled when it closes: their tasks directly, and those
-without a task by handing them one (a closing connection never ends a session: sessions
-belong to the Supervisor).
+Resource handling: serve.py's `serve()` owns the listening socket and every connection; a
+connection owns its in-flight requests, which are cancelled when it closes: their tasks
+directly, and those without a task by handing them one (a closing connection never ends a
+session: sessions belong to the Supervisor).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import socket
-import stat
-import struct
 from typing import TYPE_CHECKING
 
 import msgspec
 import trio
 
+from toolsd.daemon import dispatch
 from toolsd.tools import answer as answers
-from toolsd import methods
 from toolsd.runtime.fdio import READ_SIZE, FdReader, write_all
 from toolsd.wire.framing import FrameReader, FrameTooLarge, encode_frame
 from toolsd.wire.protocol import (
@@ -43,7 +38,7 @@ from toolsd.wire.protocol import (
 )
 
 if TYPE_CHECKING:
-    from toolsd.supervisor import Supervisor
+    from toolsd.daemon.supervisor import Supervisor
 
 log = logging.getLogger("toolsd.server")
 
@@ -53,10 +48,6 @@ log = logging.getLogger("toolsd.server")
 MAX_IN_FLIGHT = 256
 # Frames of one read handled before the connection lets other tasks run.
 FRAMES_PER_TURN = 4
-# Connections the kernel queues for us before we accept them (it caps this at
-# net.core.somaxconn). Past it, a connect is refused at once with EAGAIN (the client library
-# tries again for a while): hundreds of agents connecting in the same moment must fit.
-LISTEN_BACKLOG = 4096
 
 
 class Connection:
@@ -185,15 +176,15 @@ class Connection:
             detached.escalate()
 
     def _start_detached(self, request: Request, scope: trio.CancelScope) -> bool:
-        """Start `request` without a task, if its method can (methods.DETACHED) and it is in a
+        """Start `request` without a task, if its method can (dispatch.DETACHED) and it is in a
         state to; False to run it the usual way, which also answers any error."""
-        entry = methods.DETACHED.get(request.method)
+        entry = dispatch.DETACHED.get(request.method)
         if entry is None:
             return False
         params_type, start = entry
         detached = self.detached[request.id] = answers.Detached(self, request, scope)
         try:
-            if start(self.supervisor, methods.decode(params_type, request), detached):
+            if start(self.supervisor, dispatch.decode(params_type, request), detached):
                 return True
         except ToolsdError:
             pass  # said again, and answered, the usual way
@@ -308,16 +299,16 @@ class Connection:
 
     async def _dispatch(self, request: Request) -> object:
         """The result of `request` from its method's handler."""
-        entry = methods.METHODS.get(request.method)
+        entry = dispatch.METHODS.get(request.method)
         if entry is None:
             raise ToolsdError(UNKNOWN_METHOD, f"unknown method {request.method!r}; known: "
-                              f"{', '.join(sorted(methods.METHODS) + ['cancel'])}")
+                              f"{', '.join(sorted(dispatch.METHODS) + ['cancel'])}")
         params_type, handler = entry
-        return await handler(self.supervisor, methods.decode(params_type, request))
+        return await handler(self.supervisor, dispatch.decode(params_type, request))
 
     def cancel(self, request: Request) -> Reply:
         try:
-            params = methods.decode(methods.CancelParams, request)
+            params = dispatch.decode(dispatch.CancelParams, request)
         except ToolsdError as e:
             return _error(request.id, e.code, e.message)
         scope = self.in_flight.get(params.request)
@@ -333,72 +324,3 @@ class Connection:
 
 def _error(id: int, code: str, message: str) -> Reply:
     return Reply(id=id, error=ErrorBody(code, message))
-
-
-def peer_uid(sock: trio.socket.SocketType) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid
-
-
-class AlreadyServing(Exception):
-    pass
-
-
-def bind_socket(path: str) -> trio.socket.SocketType:
-    """Bind the listening socket at `path`, 0600, replacing a stale file left by a dead daemon
-    and refusing when a live daemon answers there."""
-    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise AlreadyServing(f"{path} exists and is not a socket; remove it or pass another "
-                             f"--socket")
-    if os.path.lexists(path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError as e:
-            if e.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
-                raise
-            log.info("replacing a stale socket file at %s", path)
-            os.unlink(path)
-        else:
-            raise AlreadyServing(
-                f"another toolsd is already serving on {path}; stop it first or pass "
-                f"another --socket"
-            )
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old_umask)
-    sock.listen(LISTEN_BACKLOG)
-    return trio.socket.from_stdlib_socket(sock)
-
-
-async def serve(supervisor: Supervisor, sock: trio.socket.SocketType, max_frame: int,
-                *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Accept connections until cancelled."""
-    listener = trio.SocketListener(sock)
-    my_uid = os.getuid()
-
-    async def handle(stream: trio.SocketStream) -> None:
-        try:
-            uid = peer_uid(stream.socket)
-        except OSError:
-            uid = -1
-        if uid not in (my_uid, 0):
-            log.warning("refused a connection from uid %s", uid)
-            await trio.aclose_forcefully(stream)
-            return
-        async with stream:
-            try:
-                await Connection(stream, supervisor, max_frame).serve()
-            except Exception:
-                # Whatever one client did, the daemon and everyone else's sessions stay up.
-                log.exception("a connection failed; closing it")
-
-    async with trio.open_nursery() as nursery:
-        task_status.started()
-        await trio.serve_listeners(handle, [listener], handler_nursery=nursery)

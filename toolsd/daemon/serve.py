@@ -1,4 +1,5 @@
-"""`toolsd serve`: bring the daemon up, serve until SIGTERM/SIGINT, then end everything.
+"""`toolsd serve`: bring the daemon up, serve until SIGTERM/SIGINT, then end everything; the
+listening socket, its peer check, and a Connection for each client.
 
 Shutdown order: stop accepting, remove the socket, close every session (each ends its
 processes and REPLs: SIGTERM, grace, SIGKILL), exit 0.
@@ -6,21 +7,30 @@ processes and REPLs: SIGTERM, grace, SIGKILL), exit 0.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import resource
 import signal
+import socket
+import stat
+import struct
 import sys
 
 import trio
 
-from toolsd import server
-from toolsd.state import StateInUse, ensure_private_dir
-from toolsd.supervisor import Config, Supervisor
+from toolsd.daemon.connection import Connection
+from toolsd.daemon.state import StateInUse, ensure_private_dir
+from toolsd.daemon.supervisor import Config, Supervisor
 from toolsd.sandbox.probe import probe_bwrap
 
 log = logging.getLogger("toolsd")
+
+# Connections the kernel queues for us before we accept them (it caps this at
+# net.core.somaxconn). Past it, a connect is refused at once with EAGAIN (the client library
+# tries again for a while): hundreds of agents connecting in the same moment must fit.
+LISTEN_BACKLOG = 4096
 
 
 class StartupError(Exception):
@@ -80,8 +90,8 @@ def run(config: Config, *, announce=print) -> None:
 
 async def _main(config: Config, bwrap, why_not: str, announce) -> None:
     try:
-        sock = server.bind_socket(config.socket_path)
-    except server.AlreadyServing as e:
+        sock = bind_socket(config.socket_path)
+    except AlreadyServing as e:
         raise StartupError(str(e)) from None
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -94,7 +104,7 @@ async def _main(config: Config, bwrap, why_not: str, announce) -> None:
             # Connections live in the accepting nursery: cancelling it stops accepting and
             # cancels every in-flight request (sessions are the supervisor's, not theirs).
             async with trio.open_nursery() as accepting:
-                await accepting.start(server.serve, supervisor, sock, config.max_frame)
+                await accepting.start(serve, supervisor, sock, config.max_frame)
                 announce(f"toolsd listening on {config.socket_path} "
                          f"(sandbox: {supervisor.sandbox_kind})", flush=True)
                 announce(f"try: toolsd --socket {config.socket_path} exec -- echo hello",
@@ -122,3 +132,72 @@ def setup_logging(verbose: bool) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+
+
+def peer_uid(sock: trio.socket.SocketType) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+class AlreadyServing(Exception):
+    pass
+
+
+def bind_socket(path: str) -> trio.socket.SocketType:
+    """Bind the listening socket at `path`, 0600, replacing a stale file left by a dead daemon
+    and refusing when a live daemon answers there."""
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise AlreadyServing(f"{path} exists and is not a socket; remove it or pass another "
+                             f"--socket")
+    if os.path.lexists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError as e:
+            if e.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
+                raise
+            log.info("replacing a stale socket file at %s", path)
+            os.unlink(path)
+        else:
+            raise AlreadyServing(
+                f"another toolsd is already serving on {path}; stop it first or pass "
+                f"another --socket"
+            )
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old_umask)
+    sock.listen(LISTEN_BACKLOG)
+    return trio.socket.from_stdlib_socket(sock)
+
+
+async def serve(supervisor: Supervisor, sock: trio.socket.SocketType, max_frame: int,
+                *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Accept connections until cancelled."""
+    listener = trio.SocketListener(sock)
+    my_uid = os.getuid()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            uid = peer_uid(stream.socket)
+        except OSError:
+            uid = -1
+        if uid not in (my_uid, 0):
+            log.warning("refused a connection from uid %s", uid)
+            await trio.aclose_forcefully(stream)
+            return
+        async with stream:
+            try:
+                await Connection(stream, supervisor, max_frame).serve()
+            except Exception:
+                # Whatever one client did, the daemon and everyone else's sessions stay up.
+                log.exception("a connection failed; closing it")
+
+    async with trio.open_nursery() as nursery:
+        task_status.started()
+        await trio.serve_listeners(handle, [listener], handler_nursery=nursery)
