@@ -19,7 +19,7 @@ from conftest import RunningDaemon, has_ended, needs_bwrap, wait_for, wait_gone
 from toolsd.cli import duration
 from toolsd.client import ToolsdError
 from toolsd.wire.framing import encode_frame
-from toolsd.daemon.session import Activity
+from toolsd.daemon.activity import Activity
 
 pytestmark = needs_bwrap
 

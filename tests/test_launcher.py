@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from toolsd.sandbox.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
-from toolsd.daemon.session import own_files_under_tmp
+from toolsd.sandbox.session_policy import own_files_under_tmp
 
 BWRAP = shutil.which("bwrap")
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}

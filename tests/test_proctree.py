@@ -17,7 +17,7 @@ import trio
 
 from toolsd.sandbox import proctree
 from toolsd.sandbox.launcher import Launcher
-from toolsd.daemon.session import own_files_under_tmp
+from toolsd.sandbox.session_policy import own_files_under_tmp
 
 BWRAP = shutil.which("bwrap")
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}

@@ -68,7 +68,7 @@ async def session_list(sup, p: SessionListParams) -> SessionListResult:
                     network=s.network, writable=s.writable,
                     processes=sum(1 for bg in s.processes.values() if bg.running),
                     repls=sum(len(t.repls) for t in s.turns.values()), opened_at=s.opened_at,
-                    alive=s.alive, host_exec=s.host_exec_known() or UNSET)
+                    alive=s.alive, host_exec=s.repositories.last_seen() or UNSET)
         for s in sup.sessions.values() if not s.closed
     ])
 

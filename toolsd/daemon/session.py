@@ -8,11 +8,8 @@ sandbox (its pid namespace takes anything left), removes the scratch /tmp, and e
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import logging
 import os
-import select
 import shutil
 import sys
 import time
@@ -20,9 +17,20 @@ import uuid
 
 import trio
 
-from driver import DRIVER_DIR
-from toolsd.sandbox import cgroups, home, home_folders, hostexec, policy as sandbox
+from toolsd.daemon.activity import Activity
+from toolsd.sandbox import cgroups, home
+from toolsd.sandbox.guards import GUARD_CHECK_S, MountGuard
 from toolsd.sandbox.launcher import Launcher, LauncherError
+from toolsd.sandbox.repositories import RepositoryWatch
+from toolsd.sandbox.policy import Limits, bwrap_argv, check_env_size, sandbox_env, validate_env
+from toolsd.sandbox.session_policy import (
+    check_outside,
+    check_workspace,
+    command_env,
+    plan_view,
+    resolve_cwd,
+    session_policy,
+)
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     NOT_FOUND,
@@ -36,96 +44,10 @@ from toolsd.tools.spill import Spills
 log = logging.getLogger("toolsd.session")
 
 
-def check_workspace(path: str) -> str:
-    if not os.path.isabs(path):
-        raise ToolsdError(BAD_PARAMS, f"workspace must be an absolute path, got {path!r}")
-    if not os.path.exists(path):
-        raise ToolsdError(BAD_PARAMS, f"workspace {path} does not exist; create the folder first")
-    if not os.path.isdir(path):
-        raise ToolsdError(BAD_PARAMS, f"workspace {path} is not a folder")
-    real = os.path.realpath(path)
-    if real == "/":
-        raise ToolsdError(BAD_PARAMS, "workspace cannot be / (the whole machine); pick a folder")
-    try:
-        real.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ToolsdError(BAD_PARAMS, f"workspace {real!r} is not valid UTF-8; toolsd reports "
-                          f"paths as text: rename the folder") from None
-    return real
-
-
-RUNTIME_DIRS = ("/run",)
-# How often a session's hiding and protecting mounts are checked while its commands run (see
-# Session.check_guards; every call that starts something checks too).
-GUARD_CHECK_S = 0.5
-
-
-def _identities(paths) -> tuple[tuple[str, int | None, int | None], ...]:
-    """(path, st_dev, st_ino) of each path; None, None for one that is not there."""
-    ids = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-            ids.append((path, st.st_dev, st.st_ino))
-        except OSError:
-            ids.append((path, None, None))
-    return tuple(ids)
-
-
-def _read_all(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-@functools.cache
-def own_files() -> tuple[str, ...]:
-    """toolsd's own files that the sandbox needs: the drivers, and the interpreter the
-    launcher runs on (its prefix, the venv's and the base installation's)."""
-    return tuple(sorted({os.path.realpath(DRIVER_DIR), os.path.realpath(sys.prefix),
-                         os.path.realpath(sys.base_prefix),
-                         os.path.dirname(os.path.abspath(sys.executable))}))
-
-
-def own_files_under_tmp() -> tuple[str, ...]:
-    """own_files() under /tmp: a session's /tmp is its private scratch folder, so without
-    binding them back, a checkout under /tmp could not start a single session. (In a home
-    folder they are listed there: home.plan's `keep`.)"""
-    return tuple(p for p in own_files() if p == "/tmp" or p.startswith("/tmp/"))
-
-
 class Turn:
     def __init__(self, turn_id: str):
         self.id = turn_id
         self.repls: dict = {}  # language -> Repl
-
-
-class Activity:
-    """What keeps a session from counting as idle (`toolsd serve --idle-timeout`): a call
-    that names it, or one of its processes, in flight (a repl.exec included, with or without
-    a task of its own), and a background process whose tree has not ended. Idle time counts
-    from the end of the last of these (or from the session's opening). No I/O: the caller
-    gives the time (trio.current_time)."""
-
-    def __init__(self, now: float):
-        self.busy = 0  # calls in flight and background trees alive
-        self.since = now  # when the last of them ended
-
-    def begin(self) -> None:
-        self.busy += 1
-
-    def end(self, now: float) -> None:
-        self.busy -= 1
-        self.since = max(self.since, now)
-
-    def restart(self, now: float) -> None:
-        """As if the session had just opened (a warm spare handed out)."""
-        self.since = now
-
-    def idle_for(self, now: float) -> float:
-        return 0.0 if self.busy else max(0.0, now - self.since)
 
 
 class Session:
@@ -136,12 +58,12 @@ class Session:
         self.network = params.network
         self.writable = params.writable
         try:
-            self.user_env = sandbox.validate_env(params.env)
+            self.user_env = validate_env(params.env)
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
         defaults = supervisor.config.limits
         given = {k: getattr(params.limits, k) for k in ("memory_mb", "pids", "cpu_s", "file_mb")}
-        self.limits = sandbox.Limits(**{
+        self.limits = Limits(**{
             k: (v if v is not None else getattr(defaults, k)) for k, v in given.items()
         }, nofile=defaults.nofile)
         # Without a memory cgroup (see run), RLIMIT_AS instead.
@@ -164,14 +86,8 @@ class Session:
         self._closing = False
         self.close_result = None
         self.ended_why: str | None = None  # why toolsd ended the session by itself
-        self._mounts_fd = -1  # the sandbox's /proc/PID/mountinfo (see check_guards)
-        self._mounts_poll = None
-        # What the session adds that the host's git would run (None: a read-only workspace).
-        self.host_exec_tracker = hostexec.Tracker(self.workspace) if self.writable else None
-        self._host_exec_lock = trio.Lock()
-        self.repositories_known = trio.Event()  # the baseline is taken: commands may start
-        self._guard_dirs: list[str] = []  # guarding mount points that are folders
-        self._guard_ids: dict = {}  # path -> (st_dev, st_ino) as the sandbox started
+        # What the session adds that the host's git would run.
+        self.repositories = RepositoryWatch(self.workspace, self.writable, session_id)
         self.scratch = os.path.join(supervisor.state.scratch, session_id)
         # The scratch folder is the sandbox's /tmp.
         self.spills = Spills(self.scratch, self.scratch if supervisor.bwrap is None else "/tmp",
@@ -179,14 +95,12 @@ class Session:
         # The session's home folder: bound at HOME's real path (docs/sandbox.md, "The home
         # folder"), named after the session's first id (a spare keeps its folders' names).
         self.home_dir = self.scratch + "-home"
-        for own in map(os.path.realpath, supervisor.hidden_paths()):
-            if self.workspace == own or self.workspace.startswith(own.rstrip("/") + "/"):
-                raise ToolsdError(BAD_PARAMS, f"workspace {self.workspace} is inside toolsd's "
-                                  f"own folder {own}, which sessions must never see")
+        check_outside(self.workspace, supervisor.hidden_paths())
         home_path = os.path.expanduser("~")
-        self._view = self._plan_view(home_path)
-        self.home_is_own = self._view.home_is_own and supervisor.bwrap is not None
-        self.env = sandbox.sandbox_env(
+        view = plan_view(home_path=home_path, workspace=self.workspace,
+                         hidden_paths=supervisor.hidden_paths(), shown=supervisor.config.shown)
+        self.home_is_own = view.home_is_own and supervisor.bwrap is not None
+        self.env = sandbox_env(
             home=home_path,
             path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             lang=os.environ.get("LANG", "C.UTF-8"),
@@ -195,16 +109,19 @@ class Session:
                                else None),
         )
         try:
-            sandbox.check_env_size(self.env)
+            check_env_size(self.env)
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
         try:
             # A policy the sandbox cannot mount is refused here, not later. Kept for the
             # start, a millisecond away: made again, it cost as much as the rest of the
             # daemon's part of session.open.
-            self._policy = self.policy()
+            self.policy = session_policy(
+                workspace=self.workspace, scratch=self.scratch, writable=self.writable,
+                network=self.network, view=view, env=self.env, home_dir=self.home_dir)
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
+        self.guard = MountGuard(self.policy)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -213,99 +130,24 @@ class Session:
         self.rlimits = {name.removeprefix("RLIMIT_").lower(): value for name, value
                         in self.limits.rlimits(address_space=not memory_cgroup).items()}
 
-    def _plan_view(self, home_path: str) -> home.View:
-        """The homes and hidden paths as this session's sandbox shows them (home.plan)."""
-        # Resolved: a symlinked folder must be covered where it really is.
-        # /run holds the host's service sockets (D-Bus, docker, agents, $XDG_RUNTIME_DIR):
-        # a read-only mount does not stop connect(), so they are hidden, not just read-only.
-        hidden = [os.path.realpath(p) for p in (*self.supervisor.hidden_paths(), *RUNTIME_DIRS)]
-        try:
-            return home.plan(home=os.path.realpath(home_path), workspace=self.workspace,
-                             hidden=hidden, shown=self.supervisor.config.shown,
-                             keep=own_files())
-        except home.CannotHide as e:
-            raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
-
-    def policy(self) -> sandbox.Policy:
-        view = self._view
-        protected = [os.path.join(self.workspace, ".git", p) for p in ("hooks", "config")]
-        return sandbox.Policy(
-            workspace=self.workspace,
-            scratch=self.scratch,
-            writable=self.writable,
-            network=self.network,
-            hidden_dirs=view.hidden_dirs,
-            hidden_files=view.hidden_files,
-            protected=tuple(p for p in protected if os.path.exists(p)),
-            env=self.env,
-            extra_ro_binds=own_files_under_tmp(),
-            pinned=tuple(p for p in [os.path.join(self.workspace, ".git")] if os.path.isdir(p)),
-            proc_read_only=tuple(p for p in sandbox.PROC_READ_ONLY if os.path.exists(p)),
-            folders=view.folders,
-            home=self.home_dir if view.home_is_own else "",
-        )
-
-    # ------------------------------------------------------------ warm spares
-
-    def spare_key(self) -> tuple:
-        """What a sandbox made ahead must share with this session to serve it: the same
-        policy (all but its scratch and home folders, which are the sandbox's own), the same
-        limits. Of the folders shown entry by entry, only the session's home must list what
-        the host's lists now: other homes (and --hide's folders) may be as they were when the
-        spare started, up to SPARE_MAX_AGE_S before (other users' activity would otherwise
-        keep every spare from fitting); a secret made since is not shown either way."""
-        def comparable(name: str, value):
-            if name == "folders":
-                return tuple(f if f.writable else f.path for f in value)
-            return value
-
-        policy = tuple((f.name, comparable(f.name, getattr(self._policy, f.name)))
-                       for f in dataclasses.fields(self._policy)
-                       if f.name not in ("scratch", "home"))
-        return policy, self.limits, tuple(sorted(self.rlimits.items())), self.sandbox_kind
-
-    def fingerprint(self) -> tuple:
-        """The identity of every path the sandbox binds, hides or protects: a folder removed
-        and made again at the same path is another folder, which a sandbox made before does
-        not show (or hide). In the session's home, every entry it binds, and what every
-        file it copied holds (see spare_key for the other homes)."""
-        p = self._policy
-        own = [f for f in p.folders if f.writable]
-        return (_identities((p.workspace, *p.hidden_dirs, *p.hidden_files, *p.protected,
-                             *p.pinned, *(f.path for f in p.folders),
-                             *(entry for f in own for entry in f.binds))),
-                home_folders.copies_state([entry for f in own for entry in f.copies]))
+    # ------------------------------------------------------------ mount guards
 
     @property
     def guarded(self) -> bool:
         """Whether check_guards can see this sandbox's mounts (always, unsandboxed)."""
-        return self.supervisor.bwrap is None or self._mounts_fd != -1
+        return self.supervisor.bwrap is None or self.guard.watching
 
     def check_guards(self) -> None:
         """End the session if the host has replaced a path it hides or protects: the kernel
         removes a mount from every namespace when the host replaces the path under it (`git
         config` renames a new .git/config into place), and from then on the sandbox would
         show the new file (docs/sandbox.md, "Paths replaced on the host"). `ended_why` says
-        so afterwards. Cheap when nothing changed: the kernel flags the sandbox's mountinfo
-        as soon as its mount table changes (POLLPRI), and only then is it read again. A
-        folder moved away on the host takes its mounts along without changing the table:
-        the guarded folders' identities are compared too (a stat each)."""
-        fd = self._mounts_fd
-        if fd == -1 or self.ended_why is not None or self.closed:
+        so afterwards. Cheap when nothing changed (MountGuard.check)."""
+        if self.ended_why is not None or self.closed:
             return
-        if self._mounts_poll.poll(0):
-            self._guards_lost(_read_all(fd))  # reading re-arms the flag
-        if self.ended_why is None:
-            moved = [path for path, dev, ino in _identities(self._guard_dirs)
-                     if (dev, ino) != self._guard_ids[path]]
-            if moved:
-                self._end_guards_lost(moved)
-
-    def _guards_lost(self, mountinfo: bytes) -> None:
-        points = sandbox.mount_points(mountinfo)
-        missing = [p for p in sandbox.guarding_mounts(self._policy) if p not in points]
-        if missing:
-            self._end_guards_lost(missing)
+        lost = self.guard.check()
+        if lost:
+            self._end_guards_lost(lost)
 
     def _end_guards_lost(self, paths: list[str]) -> None:
         self.ended_why = (f"{', '.join(paths)} changed on the host while the session ran, "
@@ -317,29 +159,25 @@ class Session:
         """check_guards every GUARD_CHECK_S, for commands already running. Started (the
         mountinfo open and read) before the session is handed out."""
         try:
-            self._mounts_fd = os.open(f"/proc/{self.launcher.host_pid}/mountinfo",
-                                      os.O_RDONLY | os.O_CLOEXEC)
-            # Made once: every call that starts something asks it.
-            self._mounts_poll = select.poll()
-            self._mounts_poll.register(self._mounts_fd, select.POLLPRI)
-            self._guards_lost(_read_all(self._mounts_fd))  # replaced as the sandbox started
+            missing = self.guard.open(self.launcher.host_pid)
         except OSError as e:
             log.warning("session %s: cannot watch its mounts (%s)", self.id, e)
             task_status.started()
             return
+        if missing:  # replaced as the sandbox started
+            self._end_guards_lost(missing)
         task_status.started()
         try:
             while not self.closed and self.ended_why is None:
                 self.check_guards()
                 await trio.sleep(GUARD_CHECK_S)
         finally:
-            fd, self._mounts_fd = self._mounts_fd, -1
-            os.close(fd)
+            self.guard.close()
 
     def adopt(self, session_id: str) -> None:
         """A warm spare becomes session `session_id` (its scratch folder and cgroup keep
         their names)."""
-        self.id = session_id
+        self.id = self.repositories.session_id = session_id
         self.opened_at = time.time()
         self.activity.restart(trio.current_time())
 
@@ -347,14 +185,15 @@ class Session:
         prefix = self.cgroup.join_argv() if self.cgroup else []
         if self.supervisor.bwrap is None:
             return prefix
-        return prefix + sandbox.bwrap_argv(self._policy, bwrap=self.supervisor.bwrap)
+        return prefix + bwrap_argv(self.policy, bwrap=self.supervisor.bwrap)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The session's task. Reports a start failure through `task_status.started(error)`
         rather than raising it, so the caller gets one plain ToolsdError."""
         os.makedirs(self.scratch, mode=0o700, exist_ok=True)
         if self.home_is_own:
-            await trio.to_thread.run_sync(self._make_home)
+            await trio.to_thread.run_sync(home.make_home, self.policy, self.home_dir,
+                                           self.env["HOME"])
         places = self.supervisor.cgroup_places
         if places:
             self.cgroup = cgroups.SessionCgroups.create(
@@ -367,13 +206,10 @@ class Session:
                 self.nursery = nursery
                 # The workspace's repositories as they are before any command runs (the
                 # baseline of host_exec): looked at while the sandbox starts, and until
-                # then no command starts (jobs.spawn_with_pipe waits).
-                nursery.start_soon(self._watch_repositories)
+                # then no command starts (jobs.spawn waits).
+                nursery.start_soon(self.repositories.start)
                 # The folders as the sandbox is about to bind them (see check_guards).
-                self._guard_dirs = [p for p in sandbox.guarding_mounts(self._policy)
-                                    if os.path.isdir(p)]
-                self._guard_ids = {path: (dev, ino) for path, dev, ino
-                                   in _identities(self._guard_dirs)}
+                self.guard.note_folders()
                 try:
                     self.launcher = await Launcher.start(
                         nursery, wrapper=self.wrapper(), env=self.env, cwd=self.workspace,
@@ -398,10 +234,7 @@ class Session:
                     await self.launcher.aclose()
                 if self.cgroup is not None:
                     self.cgroup.remove()
-                if self.host_exec_tracker is not None:
-                    # Closing an inotify descriptor waits for the kernel's RCU grace period
-                    # (milliseconds): not on the event loop.
-                    await trio.to_thread.run_sync(self.host_exec_tracker.close)
+                await self.repositories.aclose()
                 await trio.to_thread.run_sync(shutil.rmtree, self.scratch, True)
                 await trio.to_thread.run_sync(shutil.rmtree, self.home_dir, True)
 
@@ -480,72 +313,13 @@ class Session:
         finally:
             self.activity.end(trio.current_time())
 
-    def _make_home(self) -> None:
-        """The session's home folder as the sandbox binds it at HOME: the host's small
-        files copied, and the session's own git config (home.py)."""
-        os.makedirs(self.home_dir, mode=0o700, exist_ok=True)
-        for folder in self._policy.folders:
-            if folder.writable:
-                home_folders.copy_into(folder, self.home_dir)
-        with open(os.path.join(self.home_dir, home.GIT_CONFIG), "w") as f:
-            f.write(home.git_config_text(self.env["HOME"]))
-
     # ------------------------------------------------------------ host_exec
-
-    async def _watch_repositories(self) -> None:
-        try:
-            if self.host_exec_tracker is not None:
-                await trio.to_thread.run_sync(self.host_exec_tracker.start)
-        except Exception:
-            # Only a report is lost: the session itself goes on.
-            log.exception("session %s: the workspace's repositories are not watched", self.id)
-        finally:
-            self.repositories_known.set()
-
-    async def take_baseline(self) -> None:
-        """What the workspace holds now is what the session found (a sandbox made ahead,
-        handed to a session: what changed meanwhile is not this session's doing)."""
-        tracker = self.host_exec_tracker
-        if tracker is not None and tracker.changed():  # else the baseline is as it was
-            async with self._host_exec_lock:
-                await trio.to_thread.run_sync(tracker.rebaseline)
-
-    async def host_exec(self) -> list[str]:
-        """What the session added that the host's git would execute (hostexec.Tracker): for
-        every call's result, looked at when the call is over. One poll when nothing in the
-        workspace's folders changed."""
-        tracker = self.host_exec_tracker
-        if tracker is None:
-            return []
-        if tracker.changed() and tracker.update_now() is None:
-            async with self._host_exec_lock:
-                try:
-                    await trio.to_thread.run_sync(tracker.update)
-                except Exception:
-                    # The call's own result stands; the list stays as last looked at.
-                    log.exception("session %s: could not look at its repositories", self.id)
-        return list(tracker.found)
 
     async def reported(self, result):
         """`result` with host_exec, looked at now that its call is over: every result of a
         call on a session carries it (left out while there is nothing)."""
-        result.host_exec = await self.host_exec() or UNSET
+        result.host_exec = await self.repositories.look() or UNSET
         return result
-
-    def host_exec_now(self) -> list[str] | None:
-        """host_exec() without waiting: None when the workspace changed and looking at it
-        needs a worker thread (then call host_exec)."""
-        tracker = self.host_exec_tracker
-        if tracker is None:
-            return []
-        if tracker.changed() and tracker.update_now() is None:
-            return None
-        return list(tracker.found)
-
-    def host_exec_known(self) -> list[str]:
-        """As of the last look, without looking (session.list)."""
-        tracker = self.host_exec_tracker
-        return [] if tracker is None else list(tracker.found)
 
     # ------------------------------------------------------------ memory
 
@@ -604,27 +378,11 @@ class Session:
 
     def resolve_cwd(self, cwd: str | None) -> str:
         """A command's folder: inside the workspace (relative paths are taken from it)."""
-        if cwd is None or cwd == "":
-            return self.workspace
-        # Resolved, so a symlink in the workspace cannot point the command (or our isdir
-        # check, which runs on the host) somewhere else.
-        path = os.path.realpath(os.path.join(self.workspace, cwd))
-        if path != self.workspace and not path.startswith(self.workspace + os.sep):
-            raise ToolsdError(BAD_PARAMS, f"cwd {cwd!r} is outside the workspace "
-                              f"{self.workspace}; give a folder inside it")
-        if not os.path.isdir(path):
-            raise ToolsdError(BAD_PARAMS, f"cwd {cwd!r} is not an existing folder in the "
-                              f"workspace")
-        return path
+        return resolve_cwd(self.workspace, cwd)
 
     def command_env(self, extra: dict[str, str]) -> dict[str, str]:
-        try:
-            env = {**self.env, **sandbox.validate_env(extra)}
-            if extra:  # self.env alone was checked at open
-                sandbox.check_env_size(env)
-        except ValueError as e:
-            raise ToolsdError(BAD_PARAMS, str(e)) from None
-        return env
+        """The session's environment with a call's `extra`, checked."""
+        return command_env(self.env, extra)
 
     @property
     def shell(self) -> tuple[str, str]:

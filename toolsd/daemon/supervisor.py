@@ -17,10 +17,12 @@ import time
 import trio
 
 from toolsd import __version__
-from toolsd.sandbox import cgroups
-from toolsd.wire.protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
-from toolsd.sandbox.policy import Limits
+from toolsd.daemon.session import Session
+from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state import StateDir
+from toolsd.sandbox import cgroups
+from toolsd.sandbox.policy import Limits
+from toolsd.wire.protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
 
 log = logging.getLogger("toolsd.supervisor")
 
@@ -35,27 +37,12 @@ class Config:
     shown: tuple[str, ...] = ()  # home.SECRETS entries let back into the home (--show)
     limits: Limits = Limits()
     warm_spare: bool = True  # keep a sandbox started ahead for the next session.open
-    # Close sessions idle for this long (--idle-timeout; see session.Activity); None: never.
+    # Close sessions idle for this long (--idle-timeout; see activity.Activity); None: never.
     idle_timeout_s: float | None = None
 
 
-# A warm spare unused for this long is closed: it would only hold memory, and what its
-# launcher found on PATH when it started grows stale.
-SPARE_MAX_AGE_S = 300.0
 # Why recently ended sessions ended, kept for calls that still name them: at most this many.
 ENDED_KEPT = 1000
-# How long after a session.open its spare is started: a new session's first commands come
-# right away, and a sandbox starting next to them on a small machine slows them down (the
-# first shell.run of a session took 8 ms instead of 4 here).
-SPARE_DELAY_S = 0.5
-
-
-@dataclasses.dataclass
-class Spare:
-    session: object  # a started Session, not registered
-    key: tuple
-    fingerprint: tuple
-    made_at: float
 
 
 class Supervisor:
@@ -69,9 +56,7 @@ class Supervisor:
         self.processes: dict = {}  # "bgN" -> BackgroundProcess (alive or finished)
         self.started_at = time.time()
         self.closing = False
-        self._spare: Spare | None = None
-        self._spare_making = False
-        self._spares_made = 0
+        self.spares = SparePool(self)
         self.host_shells = [s for s in ("bash", "sh") if shutil.which(s)]
         self.host_languages = ["python"] + (["node"] if shutil.which("node") else [])
         self._ended: dict[str, str] = {}  # session id -> why toolsd closed it by itself
@@ -109,97 +94,22 @@ class Supervisor:
     # ------------------------------------------------------------ sessions
 
     async def open_session(self, params):
-        from toolsd.daemon.session import (  # session imports the launcher; keep startup light
-            Session,
-        )
-
         if self.closing:
             raise ToolsdError(SESSION_CLOSED, "toolsd is shutting down; start it again")
         session_id = f"s{self.state.next_id('session')}"
         session = Session(session_id, self, params)
-        spare = self._claim_spare(session)
+        spare = self.spares.claim(session)
         if spare is not None:
             spare.adopt(session_id)
-            await spare.take_baseline()
+            await spare.repositories.rebaseline()
             session = spare
         else:
             error = await self.nursery.start(session.run)
             if error is not None:
                 raise error
         self.sessions[session_id] = session
-        self._make_spare_soon(params)
+        self.spares.make_soon(params)
         return session
-
-    # ------------------------------------------------------------ warm spares
-    #
-    # Starting a sandbox is most of session.open: bwrap and the launcher's Python, some 40 ms
-    # here. After each session.open one more sandbox is started for the same parameters and
-    # kept unregistered; the next session.open that asks for exactly that sandbox (the same
-    # policy, limits, and the same folders at its paths) takes it as it is. An agent opens
-    # its sessions on one workspace over and over.
-
-    def _claim_spare(self, session):
-        spare, self._spare = self._spare, None
-        if spare is None:
-            return None
-        spare.session.check_guards()  # its own hiding mounts, as for any session
-        fits = (not spare.session.closed and spare.session.ended_why is None
-                and spare.session.guarded and spare.session.launcher is not None
-                and not spare.session.launcher.gone_now()
-                and time.monotonic() - spare.made_at < SPARE_MAX_AGE_S
-                and spare.key == session.spare_key()
-                and spare.fingerprint == session.fingerprint())
-        if fits:
-            return spare.session
-        self.nursery.start_soon(spare.session.close)
-        return None
-
-    def _make_spare_soon(self, params) -> None:
-        if self.config.warm_spare and not self.closing and not self._spare_making:
-            self._spare_making = True
-            self.nursery.start_soon(self._make_spare, params)
-
-    async def _make_spare(self, params) -> None:
-        from toolsd.daemon.session import Session
-
-        spare = session = None
-        try:
-            await trio.sleep(SPARE_DELAY_S)
-            if self.closing:
-                return
-            self._spares_made += 1
-            session = Session(f"spare{self._spares_made}", self, params)
-            fingerprint = session.fingerprint()  # before the sandbox binds anything
-            if await self.nursery.start(session.run) is not None:
-                return  # it failed to start; the next session.open starts its own
-            spare = Spare(session, session.spare_key(), fingerprint, time.monotonic())
-            old, self._spare = self._spare, spare
-            if old is not None:
-                await old.session.close()
-        except ToolsdError as e:
-            log.debug("no warm spare: %s", e.message)
-            return
-        except Exception:
-            # A spare is only ever a shortcut: whatever went wrong, the daemon stays up and
-            # the next session.open starts its own sandbox.
-            log.exception("could not make a warm spare sandbox")
-            if spare is None and session is not None:
-                with trio.CancelScope(shield=True):
-                    await session.close()
-            return
-        finally:
-            self._spare_making = False
-        if self.closing:
-            await self._close_spare()
-            return
-        await trio.sleep(SPARE_MAX_AGE_S)
-        if self._spare is spare:
-            await self._close_spare()
-
-    async def _close_spare(self) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            await spare.session.close()
 
     def session(self, session_id: str):
         session = self.sessions.get(session_id)
@@ -223,7 +133,7 @@ class Supervisor:
     # ------------------------------------------------------------ idle sessions
 
     async def _close_idle_sessions(self) -> None:
-        """Close each session once it has had no activity (session.Activity) for
+        """Close each session once it has had no activity (activity.Activity) for
         idle_timeout_s. Wakes when the next session could be due: activity only ever moves
         a session's due time later, so nothing needs to wake it sooner."""
         timeout = self.config.idle_timeout_s
@@ -261,7 +171,7 @@ class Supervisor:
         self.closing = True
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as n:
-                n.start_soon(self._close_spare)
+                n.start_soon(self.spares.aclose)
                 for session in list(self.sessions.values()):
                     n.start_soon(session.close)
         self.sessions.clear()

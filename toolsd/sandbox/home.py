@@ -28,8 +28,8 @@ import pwd
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from toolsd.sandbox.home_folders import inside, relative, show_folder
-from toolsd.sandbox.policy import Folder
+from toolsd.sandbox.home_folders import copy_into, inside, relative, show_folder
+from toolsd.sandbox.policy import Folder, Policy
 
 log = logging.getLogger("toolsd.home")
 
@@ -235,6 +235,17 @@ def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[st
             cover(target)
     return View(folders=tuple(folders), hidden_dirs=tuple(dict.fromkeys(covered_dirs)),
                 hidden_files=tuple(dict.fromkeys(covered_files)), home_is_own=own_home)
+
+
+def make_home(policy: Policy, home_dir: str, home_path: str) -> None:
+    """A session's home folder as the sandbox binds it at HOME (`home_path`): the host's
+    small files that `policy`'s writable folder copies, and the session's own git config."""
+    os.makedirs(home_dir, mode=0o700, exist_ok=True)
+    for folder in policy.folders:
+        if folder.writable:
+            copy_into(folder, home_dir)
+    with open(os.path.join(home_dir, GIT_CONFIG), "w") as f:
+        f.write(git_config_text(home_path))
 
 
 def git_config_text(home: str) -> str:

@@ -2,7 +2,7 @@
 pump a pipe into a sink, end a job's whole tree, the spawn timeout.
 
 `session` here is the daemon's Session: its launcher, rlimits and limits, and the
-`repositories_known` event that every spawn waits for.
+`repositories.known` event that every spawn waits for.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ async def spawn(session, argv: list[str], *, cwd: str, env: dict[str, str], stdi
     within SPAWN_TIMEOUT_S is stuck, and ends the sandbox. The launcher's errors become the
     ToolsdError a caller sees: the session closed, its process limit, or `error_code` with
     "could not start `what`" (argv[0] by default)."""
-    if not session.repositories_known.is_set():
+    if not session.repositories.known.is_set():
         # A session opened on a big workspace is handed out while its repositories are
         # still being looked at: a command now could change what counts as found at open.
-        await session.repositories_known.wait()
+        await session.repositories.known.wait()
     try:
         with trio.move_on_after(SPAWN_TIMEOUT_S) as waited:
             job = await session.launcher.spawn(

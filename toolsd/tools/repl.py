@@ -225,7 +225,7 @@ class Repl:
             return False
         self._lock.acquire_nowait()
         run = self._begin(interp, p, False, time.monotonic())
-        run.host_exec_now = session.host_exec_now
+        run.host_exec_now = session.repositories.look_now
 
         async def rest() -> ReplExecResult:
             return await session.reported(await run.finish())

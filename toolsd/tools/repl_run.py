@@ -45,7 +45,7 @@ class Run:
         self.since = proctree.mark()
         # The interpreter before this fresh one died without an answer saying so.
         self.lost_before = False
-        self.host_exec_now = None  # Session.host_exec_now, for a request without a task
+        self.host_exec_now = None  # RepositoryWatch.look_now, for a request without a task
 
     def result(self, status: str, state_lost: bool = False, notice: str = "",
                processes_ended: int = 0) -> ReplExecResult:

@@ -1,0 +1,91 @@
+"""A sandbox's hiding and protecting mounts, watched from the host: the kernel removes a mount
+from every namespace when the host replaces the path under it, and a folder moved away on the
+host takes its mounts along."""
+
+from __future__ import annotations
+
+import os
+import select
+
+from toolsd.sandbox.policy import Policy, guarding_mounts, mount_points
+
+# How often a session's hiding and protecting mounts are checked while its commands run (see
+# Session.check_guards; every call that starts something checks too).
+GUARD_CHECK_S = 0.5
+
+
+def identities(paths) -> tuple[tuple[str, int | None, int | None], ...]:
+    """(path, st_dev, st_ino) of each path; None, None for one that is not there."""
+    ids = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            ids.append((path, st.st_dev, st.st_ino))
+        except OSError:
+            ids.append((path, None, None))
+    return tuple(ids)
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+
+class MountGuard:
+    """The guarding mounts of one sandbox (policy.guarding_mounts) and how to tell that one is
+    gone. Resource handling: owns the sandbox's /proc/PID/mountinfo descriptor from `open`
+    to `close`."""
+
+    def __init__(self, policy: Policy):
+        self._policy = policy
+        self._fd = -1  # the sandbox's /proc/PID/mountinfo (see check)
+        self._poll = None
+        self._dirs: list[str] = []  # guarding mount points that are folders
+        self._ids: dict = {}  # path -> (st_dev, st_ino) as the sandbox started
+
+    @property
+    def watching(self) -> bool:
+        return self._fd != -1
+
+    def note_folders(self) -> None:
+        """The folders as the sandbox is about to bind them (see check)."""
+        self._dirs = [p for p in guarding_mounts(self._policy) if os.path.isdir(p)]
+        self._ids = {path: (dev, ino) for path, dev, ino in identities(self._dirs)}
+
+    def open(self, host_pid: int) -> list[str]:
+        """Start watching the mounts of the sandbox whose launcher is `host_pid`; the
+        guarding mounts already gone (replaced as the sandbox started). OSError if its
+        mountinfo cannot be read."""
+        self._fd = os.open(f"/proc/{host_pid}/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        # Made once: every call that starts something asks it.
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLPRI)
+        return self._missing(_read_all(self._fd))
+
+    def check(self) -> list[str]:
+        """The guarded paths the host has replaced or moved since the sandbox started, if
+        any. Cheap when nothing changed: the kernel flags the sandbox's mountinfo as soon as
+        its mount table changes (POLLPRI), and only then is it read again. A folder moved
+        away on the host takes its mounts along without changing the table: the guarded
+        folders' identities are compared too (a stat each)."""
+        if self._fd == -1:
+            return []
+        if self._poll.poll(0):
+            missing = self._missing(_read_all(self._fd))  # reading re-arms the flag
+            if missing:
+                return missing
+        return [path for path, dev, ino in identities(self._dirs)
+                if (dev, ino) != self._ids[path]]
+
+    def _missing(self, mountinfo: bytes) -> list[str]:
+        points = mount_points(mountinfo)
+        return [p for p in guarding_mounts(self._policy) if p not in points]
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd != -1:
+            os.close(fd)

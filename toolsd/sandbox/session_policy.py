@@ -1,0 +1,121 @@
+"""A session's sandbox policy from its parameters and the host: the workspace checked, the
+homes and hidden paths planned (home.py), toolsd's own files bound back; and a call's folder
+and environment checked against it. I/O: realpath, isdir and exists on the host."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+from driver import DRIVER_DIR
+from toolsd.sandbox import home
+from toolsd.sandbox.policy import PROC_READ_ONLY, Policy, check_env_size, validate_env
+from toolsd.wire.protocol import BAD_PARAMS, ToolsdError
+
+def check_workspace(path: str) -> str:
+    if not os.path.isabs(path):
+        raise ToolsdError(BAD_PARAMS, f"workspace must be an absolute path, got {path!r}")
+    if not os.path.exists(path):
+        raise ToolsdError(BAD_PARAMS, f"workspace {path} does not exist; create the folder first")
+    if not os.path.isdir(path):
+        raise ToolsdError(BAD_PARAMS, f"workspace {path} is not a folder")
+    real = os.path.realpath(path)
+    if real == "/":
+        raise ToolsdError(BAD_PARAMS, "workspace cannot be / (the whole machine); pick a folder")
+    try:
+        real.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ToolsdError(BAD_PARAMS, f"workspace {real!r} is not valid UTF-8; toolsd reports "
+                          f"paths as text: rename the folder") from None
+    return real
+
+
+RUNTIME_DIRS = ("/run",)
+
+
+@functools.cache
+def own_files() -> tuple[str, ...]:
+    """toolsd's own files that the sandbox needs: the drivers, and the interpreter the
+    launcher runs on (its prefix, the venv's and the base installation's)."""
+    return tuple(sorted({os.path.realpath(DRIVER_DIR), os.path.realpath(sys.prefix),
+                         os.path.realpath(sys.base_prefix),
+                         os.path.dirname(os.path.abspath(sys.executable))}))
+
+
+def own_files_under_tmp() -> tuple[str, ...]:
+    """own_files() under /tmp: a session's /tmp is its private scratch folder, so without
+    binding them back, a checkout under /tmp could not start a single session. (In a home
+    folder they are listed there: home.plan's `keep`.)"""
+    return tuple(p for p in own_files() if p == "/tmp" or p.startswith("/tmp/"))
+
+
+
+def plan_view(*, home_path: str, workspace: str, hidden_paths, shown) -> home.View:
+    """The homes and hidden paths as a session's sandbox shows them (home.plan)."""
+    # Resolved: a symlinked folder must be covered where it really is.
+    # /run holds the host's service sockets (D-Bus, docker, agents, $XDG_RUNTIME_DIR):
+    # a read-only mount does not stop connect(), so they are hidden, not just read-only.
+    hidden = [os.path.realpath(p) for p in (*hidden_paths, *RUNTIME_DIRS)]
+    try:
+        return home.plan(home=os.path.realpath(home_path), workspace=workspace,
+                         hidden=hidden, shown=shown, keep=own_files())
+    except home.CannotHide as e:
+        raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
+
+
+def session_policy(*, workspace: str, scratch: str, writable: bool, network: str,
+                   view: home.View, env: dict[str, str], home_dir: str) -> Policy:
+    """The Policy of a session on `workspace`: ValueError if the sandbox cannot mount it."""
+    protected = [os.path.join(workspace, ".git", p) for p in ("hooks", "config")]
+    return Policy(
+        workspace=workspace,
+        scratch=scratch,
+        writable=writable,
+        network=network,
+        hidden_dirs=view.hidden_dirs,
+        hidden_files=view.hidden_files,
+        protected=tuple(p for p in protected if os.path.exists(p)),
+        env=env,
+        extra_ro_binds=own_files_under_tmp(),
+        pinned=tuple(p for p in [os.path.join(workspace, ".git")] if os.path.isdir(p)),
+        proc_read_only=tuple(p for p in PROC_READ_ONLY if os.path.exists(p)),
+        folders=view.folders,
+        home=home_dir if view.home_is_own else "",
+    )
+
+
+def check_outside(workspace: str, own_folders) -> None:
+    """BAD_PARAMS if `workspace` lies in one of toolsd's own folders (its socket's, its
+    state, --hide ones): sessions must never see them."""
+    for own in map(os.path.realpath, own_folders):
+        if workspace == own or workspace.startswith(own.rstrip("/") + "/"):
+            raise ToolsdError(BAD_PARAMS, f"workspace {workspace} is inside toolsd's "
+                              f"own folder {own}, which sessions must never see")
+
+
+def resolve_cwd(workspace: str, cwd: str | None) -> str:
+    """A command's folder: inside `workspace` (relative paths are taken from it)."""
+    if cwd is None or cwd == "":
+        return workspace
+    # Resolved, so a symlink in the workspace cannot point the command (or our isdir
+    # check, which runs on the host) somewhere else.
+    path = os.path.realpath(os.path.join(workspace, cwd))
+    if path != workspace and not path.startswith(workspace + os.sep):
+        raise ToolsdError(BAD_PARAMS, f"cwd {cwd!r} is outside the workspace "
+                          f"{workspace}; give a folder inside it")
+    if not os.path.isdir(path):
+        raise ToolsdError(BAD_PARAMS, f"cwd {cwd!r} is not an existing folder in the "
+                          f"workspace")
+    return path
+
+
+def command_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """A session's environment `env` with a call's `extra`, checked."""
+    try:
+        merged = {**env, **validate_env(extra)}
+        if extra:  # env alone was checked at open
+            check_env_size(merged)
+    except ValueError as e:
+        raise ToolsdError(BAD_PARAMS, str(e)) from None
+    return merged
