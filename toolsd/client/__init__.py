@@ -1,0 +1,23 @@
+"""Clients of the toolsd daemon: a blocking `Client` and an `AsyncClient` for trio or asyncio.
+
+The logic without I/O (request ids and frames, reading replies, mapping errors to exceptions)
+lives once in core.py (ClientCore); the two clients only move bytes. Exceptions::
+
+    ToolsdError (code, message)        every error reply, and:
+     └── ConnectionLost                the daemon closed the connection or could not be reached
+
+`call(method, **params)` returns the result map. The named helpers (`shell_run`, ...) are the
+same call with the contract's names; on AsyncClient they are awaited.
+
+Connecting: when the daemon's queue of connections waiting to be accepted is full (a burst of
+clients, or a daemon that does not accept), the kernel refuses a connect at once (EAGAIN). Both
+clients then try again, with short pauses, for up to CONNECT_WAIT_S (a blocking Client with a
+shorter `timeout`: that long), and raise ConnectionLost saying so if the queue stays full.
+"""
+
+from toolsd.client.asynchronous import AsyncClient
+from toolsd.client.blocking import Client
+from toolsd.client.core import CONNECT_WAIT_S, ConnectionLost
+from toolsd.wire.protocol import ToolsdError
+
+__all__ = ["Client", "AsyncClient", "ToolsdError", "ConnectionLost", "CONNECT_WAIT_S"]

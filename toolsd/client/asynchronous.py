@@ -1,0 +1,205 @@
+"""The async client, for trio or asyncio (whichever runs it, found with sniffio): many calls at
+once over one connection, each awaiting its reply."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from toolsd.client.core import (
+    CANCEL_SEND_S,
+    CONNECT_WAIT_S,
+    RECV_SIZE,
+    ClientCore,
+    ConnectionLost,
+    Methods,
+    connect_steps,
+)
+from toolsd.wire.paths import resolve_socket_path
+
+
+class AsyncClient(Methods):
+    """Async client for trio or asyncio (whichever runs it, found with sniffio).
+
+    Several tasks may call at once: whoever waits reads, and hands other tasks their replies.
+    Use `await AsyncClient.connect(path)` and `await client.aclose()` (or `async with`).
+    A call whose task is cancelled sends a `cancel` for its request, so what the request
+    started (a shell.run's command, a repl.exec's code) is ended by the daemon, not left
+    running until its timeout.
+    """
+
+    def __init__(self, backend: _Backend, socket_path: str):
+        self.socket_path = socket_path
+        self._io = backend
+        self._proto = ClientCore()
+        self._send_lock = backend.lock()
+        self._reading = False
+        self._arrived = backend.event()
+
+    @classmethod
+    async def connect(cls, socket_path: str | None = None) -> AsyncClient:
+        path = resolve_socket_path(socket_path)
+        backend = await _Backend.open(path)
+        return cls(backend, path)
+
+    async def call(self, method: str, **params: Any) -> Any:
+        request_id, frame = self._proto.request(method, params)
+        async with self._send_lock:
+            await self._io.send_all(frame)
+        # One task at a time reads; after each chunk it wakes every waiter, and a waiter whose
+        # reply is not in yet becomes the next reader if nobody is reading. So a reply that
+        # came in someone else's chunk is never stuck behind a read for a slower request.
+        try:
+            while request_id not in self._proto.replies:
+                if self._reading:
+                    await self._arrived.wait()
+                    continue
+                self._reading = True
+                try:
+                    self._proto.feed(await self._io.receive_some())
+                finally:
+                    self._reading = False
+                    arrived, self._arrived = self._arrived, self._io.event()
+                    arrived.set()
+        except BaseException:
+            cancel = self._proto.abandon(request_id)
+            if cancel is not None:
+                await self._io.send_regardless(cancel, self._send_lock)
+            raise
+        return self._proto.take(request_id)
+
+    async def aclose(self) -> None:
+        await self._io.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class _Backend:
+    """The few I/O calls AsyncClient needs, for trio or asyncio."""
+
+    @staticmethod
+    async def open(path: str) -> _Backend:
+        import sniffio
+
+        library = sniffio.current_async_library()
+        if library == "trio":
+            return await _TrioBackend.open(path)
+        if library == "asyncio":
+            return await _AsyncioBackend.open(path)
+        raise RuntimeError(f"AsyncClient supports trio and asyncio, not {library}")
+
+    @staticmethod
+    async def connect(path: str, sleep) -> socket.socket:
+        """connect_steps, pausing with the library's `sleep`. (Not the libraries' own connects:
+        a full queue makes them hand back a socket that is not connected.)"""
+        connecting = connect_steps(path, CONNECT_WAIT_S)
+        try:
+            while True:
+                await sleep(next(connecting))
+        except StopIteration as connected:
+            return connected.value
+        finally:
+            connecting.close()
+
+
+class _TrioBackend(_Backend):
+    def __init__(self, stream):
+        import trio
+
+        self._trio = trio
+        self.stream = stream
+
+    @classmethod
+    async def open(cls, path: str) -> _TrioBackend:
+        import trio
+
+        sock = await _Backend.connect(path, trio.sleep)
+        return cls(trio.SocketStream(trio.socket.from_stdlib_socket(sock)))
+
+    def lock(self):
+        return self._trio.Lock()
+
+    def event(self):
+        return self._trio.Event()
+
+    async def send_all(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (self._trio.BrokenResourceError, self._trio.ClosedResourceError) as e:
+            raise ConnectionLost(f"toolsd closed the connection ({e})") from None
+
+    async def receive_some(self) -> bytes:
+        try:
+            return await self.stream.receive_some(RECV_SIZE)
+        except (self._trio.BrokenResourceError, self._trio.ClosedResourceError):
+            return b""
+
+    async def send_regardless(self, data: bytes, lock) -> None:
+        """Send while being cancelled (shielded, bounded); a closed connection is no error."""
+        trio = self._trio
+        with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_S):
+            try:
+                async with lock:
+                    await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+class _AsyncioBackend(_Backend):
+    def __init__(self, reader, writer):
+        import asyncio
+
+        self._asyncio = asyncio
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, path: str) -> _AsyncioBackend:
+        import asyncio
+
+        sock = await _Backend.connect(path, asyncio.sleep)
+        try:
+            return cls(*await asyncio.open_unix_connection(sock=sock, limit=2**20))
+        except BaseException:
+            sock.close()
+            raise
+
+    def lock(self):
+        return self._asyncio.Lock()
+
+    def event(self):
+        return self._asyncio.Event()
+
+    async def send_all(self, data: bytes) -> None:
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+        except (ConnectionError, OSError) as e:
+            raise ConnectionLost(f"toolsd closed the connection ({e})") from None
+
+    async def receive_some(self) -> bytes:
+        try:
+            return await self.reader.read(RECV_SIZE)
+        except (ConnectionError, OSError):
+            return b""
+
+    async def send_regardless(self, data: bytes, lock) -> None:
+        """Send while being cancelled: a write is buffered at once (no await), so it is whole
+        and in order whatever holds the lock; a closed connection is no error."""
+        try:
+            self.writer.write(data)
+        except (ConnectionError, OSError, RuntimeError):
+            pass
+
+    async def aclose(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass

@@ -1,0 +1,53 @@
+"""The blocking client: one request at a time over a blocking socket."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from toolsd.client.core import (
+    CONNECT_WAIT_S,
+    RECV_SIZE,
+    ClientCore,
+    ConnectionLost,
+    Methods,
+    connect_steps,
+)
+from toolsd.wire.paths import resolve_socket_path
+
+
+class Client(Methods):
+    """Blocking client; one request at a time (use one Client per thread)."""
+
+    def __init__(self, socket_path: str | None = None, *, timeout: float | None = None):
+        self.socket_path = resolve_socket_path(socket_path)
+        self._proto = ClientCore()
+        connecting = connect_steps(self.socket_path, CONNECT_WAIT_S if timeout is None
+                                   else min(timeout, CONNECT_WAIT_S))
+        try:
+            while True:
+                time.sleep(next(connecting))
+        except StopIteration as connected:
+            self._sock = connected.value
+        finally:
+            connecting.close()
+        self._sock.settimeout(timeout)
+
+    def call(self, method: str, **params: Any) -> Any:
+        request_id, frame = self._proto.request(method, params)
+        try:
+            self._sock.sendall(frame)
+            while request_id not in self._proto.replies:
+                self._proto.feed(self._sock.recv(RECV_SIZE))
+        except OSError as e:  # includes the timeout given to the constructor
+            raise ConnectionLost(f"no answer from toolsd at {self.socket_path} ({e})") from None
+        return self._proto.take(request_id)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
