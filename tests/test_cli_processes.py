@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from conftest import needs_bwrap, module_daemon as shared_daemon
-from toolsd.cli_processes import format_bytes, format_duration, format_table, next_piece
+from toolsd.cli.logs import next_piece
+from toolsd.cli.ps import format_bytes, format_duration, format_table
 from toolsd.tools.output import render
 from toolsd.wire.protocol import MARKER
 

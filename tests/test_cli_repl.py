@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from conftest import needs_bwrap
-from toolsd.cli_repl import is_complete
+from toolsd.cli.repl import is_complete
 
 # Safety net against a hung prompt, not a timing assertion.
 STUCK_S = 30

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from conftest import RunningDaemon, has_ended, needs_bwrap, wait_for, wait_gone
-from toolsd.cli import duration
+from toolsd.cli.serve import duration
 from toolsd.client import ToolsdError
 from toolsd.wire.framing import encode_frame
 from toolsd.daemon.activity import Activity

@@ -1,3 +1,3 @@
-from toolsd.cli import main
+from toolsd.cli.main import main
 
 raise SystemExit(main())

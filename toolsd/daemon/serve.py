@@ -1,5 +1,6 @@
 """`toolsd serve`: bring the daemon up, serve until SIGTERM/SIGINT, then end everything; the
-listening socket, its peer check, and a Connection for each client.
+listening socket, its peer check, and a Connection for each client. cli/serve.py builds the
+call from what is here (Config, hidden_and_shown, run).
 
 Shutdown order: stop accepting, remove the socket, close every session (each ends its
 processes and REPLs: SIGTERM, grace, SIGKILL), exit 0.
@@ -23,6 +24,7 @@ import trio
 from toolsd.daemon.connection import Connection
 from toolsd.daemon.state import StateInUse, ensure_private_dir
 from toolsd.daemon.supervisor import Config, Supervisor
+from toolsd.sandbox import home
 from toolsd.sandbox.probe import probe_bwrap
 
 log = logging.getLogger("toolsd")
@@ -35,6 +37,25 @@ LISTEN_BACKLOG = 4096
 
 class StartupError(Exception):
     """The daemon cannot start; the message says why and what to do."""
+
+
+def hidden_and_shown(hide: list[str], show: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`--hide` paths (absolute) and `--show` entries (relative to the home), checked;
+    ValueError says what cannot be done and why."""
+    hidden = tuple(os.path.abspath(os.path.expanduser(h)) for h in hide)
+    for path in hidden:
+        try:
+            home.check_hideable(os.path.realpath(path))
+        except ValueError as e:
+            raise ValueError(f"--hide {path}: {e}") from None
+    own_home = os.path.realpath(os.path.expanduser("~"))
+    shown = tuple(dict.fromkeys(home.shown_entry(os.path.expanduser(s), own_home)
+                                for s in show))
+    for rel in shown:
+        path = os.path.join(own_home, rel)
+        if any(os.path.realpath(h) == path for h in hidden):
+            raise ValueError(f"{path} is given to both --hide and --show; keep one")
+    return hidden, shown
 
 
 def take_lock(socket_path: str) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+from toolsd.cli.common import connect
+
 _EXTENSIONS = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif",
                "image/webp": ".webp"}
 
@@ -31,8 +33,6 @@ def add_parser(sub, common) -> None:
 
 
 def cmd_image(args) -> int:
-    from toolsd.cli import connect
-
     workspace = os.path.abspath(args.workspace or os.getcwd())
     with connect(args) as c:
         session = c.session_open(workspace)["session"]

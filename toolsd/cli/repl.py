@@ -15,6 +15,7 @@ import codeop
 import os
 import sys
 
+from toolsd.cli.common import socket_of
 from toolsd.client import Client, ToolsdError
 
 PROMPTS = {"python": (">>> ", "... "), "node": ("> ", "... ")}
@@ -101,8 +102,6 @@ def show(result: dict) -> None:
 
 
 def cmd_repl(args: argparse.Namespace) -> int:
-    from toolsd.cli import socket_of
-
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:

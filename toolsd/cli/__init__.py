@@ -1,0 +1,1 @@
+"""The `toolsd` command line: one module per subcommand, registered by main.py."""
