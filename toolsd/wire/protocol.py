@@ -354,7 +354,6 @@ reply_encoder = msgspec.msgpack.Encoder()
 
 _param_decoders: dict[type, msgspec.msgpack.Decoder] = {}
 
-
 # Params of 1.1 features not built here: field -> feature, per params Struct. Set to anything
 # but its default, such a field is refused with bad_params naming the feature, so a client
 # never takes a plain answer for the feature it asked for. A feature that gets built moves

@@ -1,0 +1,201 @@
+"""The layers the folders show: who may import whom, and how long a module may be.
+
+Read from the source with ast, so a rule holds for imports inside functions and under
+`if TYPE_CHECKING:` too (except where a rule names that as allowed)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MAX_LINES = 400
+# The one long module the issue allows: the launcher runs in the sandbox as one file.
+LONG_ALLOWED = {"driver/launcher.py"}
+# Over MAX_LINES today and owned by work outside the layout renovation (the agent is being
+# built; a driver is one file the sandbox runs). A module leaves this set once it is short,
+# and the set only shrinks: test_the_long_modules_left_are_still_long says when to drop one.
+SHRINKING = {"driver/python_repl.py", "agent/backend.py", "agent/gates.py", "agent/turn.py"}
+
+LAYERS = ("wire", "runtime", "client", "sandbox", "tools", "daemon", "cli")
+# Layer of the importing module -> layers it may import at all.
+ALLOWED = {
+    "wire": {"wire"},
+    "runtime": {"runtime"},
+    "client": {"wire", "client"},
+    "sandbox": {"wire", "runtime", "sandbox", "driver"},
+    "tools": {"wire", "runtime", "sandbox", "tools", "driver"},
+    "daemon": {"wire", "runtime", "sandbox", "tools", "daemon", "driver"},
+    "cli": {"wire", "client", "cli"},
+}
+# `toolsd serve` starts the daemon and `toolsd doctor` probes bubblewrap: both import inside
+# the command's function, so the other subcommands load none of it.
+EXCEPTIONS = {("toolsd.cli.serve", "toolsd.daemon.serve"),
+              ("toolsd.cli.doctor", "toolsd.sandbox.probe")}
+# Tools may name the daemon's Session and Supervisor in annotations, never at run time.
+TYPING_ONLY = {"toolsd.daemon.session", "toolsd.daemon.supervisor"}
+# The server: what reads the socket and routes requests. Tools never see it.
+SERVER = ("toolsd.daemon.serve", "toolsd.daemon.connection", "toolsd.daemon.dispatch",
+          "toolsd.daemon.requests")
+
+
+def python_files(*patterns: str) -> list[pathlib.Path]:
+    return sorted(p for pattern in patterns for p in ROOT.glob(pattern))
+
+
+def module_name(path: pathlib.Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imports(path: pathlib.Path):
+    """(imported module, line, whether under `if TYPE_CHECKING:`) for every import in the
+    file, relative ones resolved."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for stmt in node.body for n in ast.walk(stmt)}
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                up = parts[: len(parts) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            # `from a import b` imports module a.b when there is one, else a name of a.
+            targets = [f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base
+                       for a in node.names]
+        else:
+            continue
+        for target in targets:
+            yield target, node.lineno, id(node) in typing_only
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] == "driver":
+        return "driver"
+    if parts[0] == "toolsd" and len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    return None
+
+
+def where(path: pathlib.Path, line: int) -> str:
+    return f"{path.relative_to(ROOT)}:{line}"
+
+
+def test_no_flat_modules_left():
+    flat = sorted(p.name for p in (ROOT / "toolsd").glob("*.py"))
+    assert flat == ["__init__.py", "__main__.py"], flat
+
+
+def test_every_import_follows_the_layers():
+    bad = []
+    for path in python_files("toolsd/**/*.py"):
+        name = module_name(path)
+        mine = layer(name)
+        if mine is None:
+            continue
+        for target, line, typing_only in imports(path):
+            theirs = layer(target)
+            if theirs is None or (name, target) in EXCEPTIONS:
+                continue
+            if mine == "tools" and target.startswith(SERVER):
+                bad.append(f"{where(path, line)}: tools may not import the server ({target})")
+            elif theirs not in ALLOWED[mine] and not (
+                    mine == "tools" and typing_only and target.startswith(tuple(TYPING_ONLY))):
+                bad.append(f"{where(path, line)}: {mine} may not import {target}")
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_exceptions_import_inside_their_function():
+    # At module level they would load the daemon for every subcommand.
+    bad = []
+    for name, target in sorted(EXCEPTIONS):
+        path = ROOT / (name.replace(".", "/") + ".py")
+        top = {stmt.lineno for stmt in ast.parse(path.read_text()).body
+               if isinstance(stmt, (ast.Import, ast.ImportFrom))}
+        bad += [f"{where(path, line)}: imports {target} at module level"
+                for t, line, _ in imports(path) if t == target and line in top]
+    assert bad == [], "\n".join(bad)
+
+
+def test_driver_and_agent_stay_on_their_side():
+    bad = []
+    # The drivers run in the sandbox under `python -I -S`: at module level the standard
+    # library only. Inside a function a driver may reach the user's packages (the figure
+    # hook imports the user's matplotlib), never toolsd's own code or its dependencies.
+    ours = {"toolsd", "agent", "msgspec", "psutil", "trio", "re2", "PIL"}
+    for path in python_files("driver/*.py"):
+        top_lines = {stmt.lineno for stmt in ast.parse(path.read_text()).body
+                     if isinstance(stmt, (ast.Import, ast.ImportFrom))}
+        for target, line, _ in imports(path):
+            top = target.split(".")[0]
+            if top in ours or (line in top_lines and top not in sys.stdlib_module_names
+                               and top != "driver"):
+                bad.append(f"{where(path, line)}: a driver may not import {target}")
+    # The agent speaks to the daemon only through the client (and the wire it speaks).
+    for path in python_files("agent/**/*.py"):
+        for target, line, _ in imports(path):
+            theirs = layer(target)
+            if target.split(".")[0] == "toolsd" and theirs not in ("client", "wire") and (
+                    target != "toolsd"):
+                bad.append(f"{where(path, line)}: the agent may not import {target}")
+    assert bad == [], "\n".join(bad)
+
+
+def _line_counts() -> dict[str, int]:
+    return {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+            for p in python_files("toolsd/**/*.py", "driver/*.py", "agent/**/*.py")}
+
+
+def test_no_module_over_400_lines():
+    long = [f"{rel}: {n} lines" for rel, n in _line_counts().items()
+            if n > MAX_LINES and rel not in LONG_ALLOWED | SHRINKING]
+    assert long == [], f"over {MAX_LINES} lines (split by job):\n" + "\n".join(long)
+
+
+def test_the_long_modules_left_are_still_long():
+    counts = _line_counts()
+    short = sorted(rel for rel in SHRINKING if counts.get(rel, 0) <= MAX_LINES)
+    assert short == [], f"drop from SHRINKING, they are short now (or gone): {short}"
+
+
+def test_the_cli_and_the_client_load_no_daemon_machinery():
+    # What `toolsd ps` costs to start: the cli once pulled trio, psutil and re2 (through the
+    # daemon's processes module) for one constant of the wire format.
+    code = ("import sys, toolsd.cli.main, toolsd.client; "
+            "print(sorted(m for m in ('trio', 'psutil', 're2', 'PIL', 'toolsd.daemon', "
+            "'toolsd.sandbox', 'toolsd.tools') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_module_imports_on_its_own():
+    # An import cycle shows as an ImportError when a module of the cycle is imported first.
+    names = [module_name(p) for p in python_files("toolsd/**/*.py")
+             if p.name != "__main__.py"]
+    code = ("import importlib, sys\n"
+            "for name in sys.argv[1:]:\n"
+            "    for m in [k for k in sys.modules if k == 'toolsd' or k.startswith('toolsd.')]:\n"
+            "        del sys.modules[m]\n"
+            "    try:\n"
+            "        importlib.import_module(name)\n"
+            "    except Exception as e:\n"
+            "        print(f'{name}: {type(e).__name__}: {e}')\n")
+    out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True,
+                         cwd=ROOT, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "", out.stdout
