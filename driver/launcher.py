@@ -1141,7 +1141,7 @@ def main():
         print("usage: launcher.py FD SPAWN_FD (ends of two SOCK_SEQPACKET socketpairs: the "
               "control channel and the spawn channel)", file=sys.stderr)
         return 2
-    # Our stdin may be the code we run (see BOOTSTRAP in toolsd/launcher.py): shims and their
+    # Our stdin may be the code we run (see BOOTSTRAP in toolsd/sandbox/bootstrap.py): shims and their
     # commands get nothing of it.
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

@@ -12,7 +12,7 @@ flushes every output buffer and writes to the output pipe
 
     b"\\x1eTOOLSD-" + uuid + b":" + N + b":" + {"status": "ok"|"error"|"interrupted"} + b"\\n"
 
-with no newline added before it. The host reads output up to that sentinel (toolsd/sentinel.py).
+with no newline added before it. The host reads output up to that sentinel (toolsd/tools/sentinel.py).
 
 Behaviour the host relies on:
 - The last expression statement is displayed as at an interactive prompt (sys.displayhook,
@@ -77,7 +77,7 @@ _FIGURES_FILE = os.path.join(os.path.dirname(_DRIVER_FILE), "python_figures.py")
 _FIGURES_MODULE = "_toolsd_figures"  # python_figures.MODULE_NAME, without loading it
 _ERRORS = "toolsd.surrogates"
 _STATUS = {s: json.dumps({"status": s}).encode() for s in ("ok", "error", "interrupted")}
-# The host reads a sentinel's status up to 4096 bytes (toolsd/sentinel.py): a longer one would
+# The host reads a sentinel's status up to 4096 bytes (toolsd/tools/sentinel.py): a longer one would
 # not end the request.
 _MAX_STATUS_BYTES = 4000
 

@@ -1,4 +1,4 @@
-"""The pure parts of toolsd/cgroups.py: where our cgroup is, what is written, how the OOM
+"""The pure parts of toolsd/sandbox/cgroups.py: where our cgroup is, what is written, how the OOM
 killer's count is read, and the prefix that moves the sandbox into its cgroups."""
 
 from __future__ import annotations

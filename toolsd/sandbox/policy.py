@@ -2,7 +2,7 @@
 
 Pure: nothing here touches the filesystem or spawns anything. The caller resolves paths
 (realpath), filters hidden paths for existence, lists the folders shown entry by entry
-(toolsd/home.py), and appends the launcher command to the argv prefix that `bwrap_argv`
+(sandbox/home.py), and appends the launcher command to the argv prefix that `bwrap_argv`
 returns. The same clean environment (`sandbox_env`) is used when a session runs unsandboxed.
 
 Mount order (each later mount lands on top of earlier ones):
