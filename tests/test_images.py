@@ -42,8 +42,11 @@ def photo(size=(300, 200)) -> Image.Image:
 
 
 def assert_aspect_kept(fitted, w, h):
-    # Rounding to whole pixels moves the ratio by at most one pixel's worth.
-    assert abs(fitted.width / fitted.height - w / h) <= 1 / min(fitted.width, fitted.height)
+    # Rounding each side to whole pixels moves it by up to half a pixel, and the ratio by
+    # up to ratio * (0.5/width + 0.5/height); one pixel a side leaves room for float error.
+    ratio = w / h
+    slack = ratio * (1 / fitted.width + 1 / fitted.height)
+    assert abs(fitted.width / fitted.height - ratio) <= slack
 
 
 # --- kept as they are ---------------------------------------------------------------
