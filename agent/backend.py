@@ -6,10 +6,8 @@ tools keep in it between calls: the terminal's folder (a `cd` holds for the next
 backend started (the only ids it lets the model touch: ids are daemon-wide, and a model must
 never reach another session's process by guessing `bg1`).
 
-Every result is at most RESULT_CHARS characters: the head and the tail of the output, and
-short lines in brackets for what the model must know (exit code, signal, timeout, processes
-ended, where the whole output is when it was cut). The formatting is pure (`*_text`), the
-rest is one toolsd request per call.
+One toolsd request per call; what the model reads of its result is agent/results.py's
+(pure), the arguments are read by agent/arguments.py.
 
 Resource handling: the session and everything in it (REPLs, background processes) end at
 `aclose()` (session.close); the REPLs of a turn end at `end_turn()`, which the turn loop
@@ -21,189 +19,40 @@ from __future__ import annotations
 import os
 import posixpath
 import shlex
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import msgspec
 import trio
-from msgspec import Meta
 
+from agent.arguments import (
+    ProcessOutput,
+    ProcessStart,
+    ProcessStop,
+    ReadImage,
+    Repl,
+    RunTerminal,
+    parse_arguments,
+)
 from agent.history import ImageRef, LoadedImage, ToolCall
 from agent.providers import image_limits, within_request
-from agent.tools import TOOL_NAMES
+from agent.results import (
+    NOTES_ROOM,
+    RESULT_CHARS,
+    ToolOutcome,
+    clip_text,
+    process_text,
+    quoted,
+    repl_text,
+    shell_text,
+    status_words,
+)
 from toolsd.client import AsyncClient, ToolsdError
 
-__all__ = ["Backend", "ToolOutcome", "RESULT_CHARS", "clip_text"]
+__all__ = ["Backend"]
 
-# What a model is shown of one tool result, notices included (seed 000).
-RESULT_CHARS = 4000
-# Kept free for the bracketed lines when the daemon is asked for the output.
-NOTES_ROOM = 400
 MAX_TIMEOUT_S = 600.0
 MAX_WAIT_S = 300.0
 UNTIL_WAIT_S = 30.0  # process_output's wait when only `until` is given
-QUOTED_CHARS = 80  # of a name or id the model sent, quoted back in a message
-
-
-class ToolOutcome(msgspec.Struct, frozen=True):
-    """A tool's result for the model: `text` for the tool result, and pictures to ride on the
-    user message that follows the results (read_image)."""
-
-    text: str
-    is_error: bool = False
-    images: list[ImageRef] = []
-
-
-# ---------------------------------------------------------------- arguments
-
-Positive = Annotated[float, Meta(gt=0)]
-
-
-class RunTerminal(msgspec.Struct, frozen=True):
-    command: str
-    timeout_s: Positive = 120.0
-
-
-class Repl(msgspec.Struct, frozen=True):
-    code: str
-    language: Literal["python", "node"] = "python"
-
-
-class ProcessStart(msgspec.Struct, frozen=True):
-    command: str
-    name: str = ""
-
-
-class ProcessOutput(msgspec.Struct, frozen=True):
-    id: str
-    wait_s: Annotated[float, Meta(ge=0)] | None = None
-    until: str | None = None
-
-
-class ProcessStop(msgspec.Struct, frozen=True):
-    id: str
-
-
-class ReadImage(msgspec.Struct, frozen=True):
-    path: str
-
-
-ARGUMENTS = {"run_terminal": RunTerminal, "repl": Repl, "process_start": ProcessStart,
-             "process_output": ProcessOutput, "process_stop": ProcessStop,
-             "read_image": ReadImage}
-
-
-def parse_arguments(call: ToolCall):
-    """The call's arguments as its Struct, or a ToolOutcome saying what is wrong with them."""
-    if call.error is not None:
-        # The error says what to send instead (agent/models/stream.py).
-        return ToolOutcome(f"Your call of {quoted(call.name)} could not be read: {call.error}",
-                           is_error=True)
-    kind = ARGUMENTS.get(call.name)
-    if kind is None:
-        return ToolOutcome(f"There is no tool {quoted(call.name)}; the tools are "
-                           f"{', '.join(TOOL_NAMES)}.", is_error=True)
-    try:
-        return msgspec.convert(call.arguments, kind)
-    except msgspec.ValidationError as e:
-        where = str(e).replace("`$.", "`").replace("`$`", "the arguments")
-        return ToolOutcome(f"{call.name}: {where}", is_error=True)
-
-
-# ---------------------------------------------------------------- formatting (pure)
-
-
-def quoted(value: str, limit: int = QUOTED_CHARS) -> str:
-    """A name or id the model sent, quoted for a message about it: a model that sends a
-    10,000-character id must not get it back in full."""
-    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
-
-
-def clip_text(text: str, limit: int) -> str:
-    """`text` within `limit` characters: its head and tail around a line saying how many
-    characters were left out."""
-    if len(text) <= limit:
-        return text
-    marker = f"\n[... {len(text)} characters in all; the middle was left out ...]\n"
-    room = limit - len(marker)
-    if room <= 0:
-        return marker[:limit]
-    head = room // 2
-    return text[:head] + marker + text[len(text) - (room - head):]
-
-
-def compose(output: str, notes: list[str]) -> str:
-    """The output, then one bracketed line per note, within RESULT_CHARS."""
-    tail = "".join(f"\n[{n}]" for n in notes)
-    if not output:
-        output = "(no output)"
-    body = clip_text(output.rstrip("\n"), max(0, RESULT_CHARS - len(tail)))
-    return clip_text(body + tail, RESULT_CHARS)
-
-
-def cut_note(result: dict) -> str | None:
-    if not result.get("truncated"):
-        return None
-    size = result.get("output_bytes", 0)
-    where = result.get("output_file")
-    if where:
-        return (f"output cut: {size} bytes in all; the whole output is in {where} "
-                f"(grep it or page it with sed -n)")
-    return f"output cut: {size} bytes in all, the middle left out"
-
-
-def shell_text(r: dict, timeout_s: float, moved_to: str | None) -> str:
-    notes = []
-    if r["timed_out"]:
-        notes.append(f"timed out after {timeout_s:g} s: the command and everything it started "
-                     f"were stopped; use process_start for long-running commands")
-    elif r["signal"]:
-        notes.append(f"killed by {r['signal']}")
-    else:
-        notes.append(f"exit code {r['exit_code']}")
-    if r["orphans_ended"] and not r["timed_out"]:
-        notes.append(f"{r['orphans_ended']} process(es) it left running were ended; use "
-                     f"process_start to keep something running")
-    if r.get("shell") == "sh":
-        notes.append("ran in sh: this system has no bash")
-    cut = cut_note(r)
-    if cut:
-        notes.append(cut)
-    if moved_to:
-        notes.append(f"now in {moved_to}")
-    return compose(r["output"], notes)
-
-
-def repl_text(r: dict, first_in_turn: bool) -> str:
-    notes = []
-    if r["fresh"] and not first_in_turn and not r["state_lost"]:
-        notes.append("a fresh interpreter: what earlier calls defined is gone")
-    if r["status"] == "error":
-        notes.append("error")
-    cut = cut_note(r)
-    if cut:
-        notes.append(cut)
-    return compose(r["output"], notes)
-
-
-def process_text(r: dict) -> str:
-    notes = []
-    if r["dropped_bytes"]:
-        notes.append(f"{r['dropped_bytes']} older bytes were no longer kept")
-    notes.append(f"{r['id']} {status_words(r)}")
-    return compose(r["output"] or "(no new output)", notes)
-
-
-def status_words(r: dict) -> str:
-    if r["status"] == "running":
-        return "is running"
-    if r["signal"]:
-        return f"{r['status']} (killed by {r['signal']})"
-    if r["exit_code"] is not None:
-        return f"{r['status']} with exit code {r['exit_code']}"
-    return r["status"]
-
-
-# ---------------------------------------------------------------- the backend
 
 
 class Backend:

@@ -3,7 +3,7 @@ paid on each turn), so each word here earns its place; tests/test_agent_tools.py
 size and keeps it under 900 tokens.
 
 Names and arguments are fixed by the issue (15) and shared with `toolsd mcp`; the backend that
-runs them is agent/backend.py.
+runs them is agent/backend.py, which reads their arguments with agent/arguments.py.
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ from collections.abc import Callable
 import msgspec
 import trio
 
-from agent.backend import RESULT_CHARS, Backend, ToolOutcome, clip_text
-from agent.context import DoesNotFit, fit_history, gather_context, resolve_budget
+from agent.backend import Backend
+from agent.compaction import DoesNotFit, fit_history
+from agent.context import gather_context
 from agent.conversation import Conversation, ConversationStore
 from agent.gates import Approver, Gate, Mode
 from agent.history import (
@@ -47,7 +48,9 @@ from agent.history import (
     UserMessage,
 )
 from agent.models.base import ContextOverflow, Model, ModelError, ModelReply
+from agent.results import RESULT_CHARS, ToolOutcome, clip_text
 from agent.tools import TOOLS
+from agent.window import resolve_budget
 from toolsd.client import AsyncClient
 
 __all__ = ["Agent", "AgentConfig", "Outcome", "TurnResult"]

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 from PIL import Image
 
-from agent.backend import RESULT_CHARS
+from agent.results import RESULT_CHARS
 from agent.history import ImageRef, ToolResult, UserMessage
 from agent.providers import LEFT_OUT
 import agentkit

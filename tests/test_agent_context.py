@@ -7,14 +7,8 @@ import os
 
 from PIL import Image
 
-from agent.context import (
-    COMPACT_SYSTEM,
-    CONTEXT_CHARS,
-    METADATA_CHARS,
-    README_CHARS,
-    assemble_context,
-    window,
-)
+from agent.compaction import COMPACT_SYSTEM
+from agent.context import CONTEXT_CHARS, METADATA_CHARS, README_CHARS, assemble_context
 from agent.history import (
     AssistantMessage,
     ImageRef,
@@ -26,6 +20,7 @@ from agent.history import (
 from agent.models.base import ContextBudget, ContextOverflow
 from agent.models.scripted import ScriptedModel, call, reply
 from agent.turn import AgentConfig
+from agent.window import window
 import agentkit
 from conftest import needs_bwrap
 

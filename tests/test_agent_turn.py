@@ -9,7 +9,7 @@ import random
 
 import trio
 
-from agent.backend import RESULT_CHARS
+from agent.results import RESULT_CHARS
 from agent.history import AssistantMessage, ToolCall, ToolResult, UserMessage
 from agent.models.scripted import call, reply
 from agent.turn import NUDGE, AgentConfig

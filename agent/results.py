@@ -1,0 +1,121 @@
+"""What the model reads of a tool's result: pure, no I/O (agent/backend.py runs the calls).
+
+Every result is at most RESULT_CHARS characters: the head and the tail of the output, and
+short lines in brackets for what the model must know (exit code, signal, timeout, processes
+ended, where the whole output is when it was cut).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from agent.history import ImageRef
+
+__all__ = ["RESULT_CHARS", "NOTES_ROOM", "ToolOutcome", "clip_text", "compose", "cut_note",
+           "process_text", "quoted", "repl_text", "shell_text", "status_words"]
+
+# What a model is shown of one tool result, notices included (seed 000).
+RESULT_CHARS = 4000
+# Kept free for the bracketed lines when the daemon is asked for the output.
+NOTES_ROOM = 400
+QUOTED_CHARS = 80  # of a name or id the model sent, quoted back in a message
+
+
+class ToolOutcome(msgspec.Struct, frozen=True):
+    """A tool's result for the model: `text` for the tool result, and pictures to ride on the
+    user message that follows the results (read_image)."""
+
+    text: str
+    is_error: bool = False
+    images: list[ImageRef] = []
+
+
+def quoted(value: str, limit: int = QUOTED_CHARS) -> str:
+    """A name or id the model sent, quoted for a message about it: a model that sends a
+    10,000-character id must not get it back in full."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def clip_text(text: str, limit: int) -> str:
+    """`text` within `limit` characters: its head and tail around a line saying how many
+    characters were left out."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {len(text)} characters in all; the middle was left out ...]\n"
+    room = limit - len(marker)
+    if room <= 0:
+        return marker[:limit]
+    head = room // 2
+    return text[:head] + marker + text[len(text) - (room - head):]
+
+
+def compose(output: str, notes: list[str]) -> str:
+    """The output, then one bracketed line per note, within RESULT_CHARS."""
+    tail = "".join(f"\n[{n}]" for n in notes)
+    if not output:
+        output = "(no output)"
+    body = clip_text(output.rstrip("\n"), max(0, RESULT_CHARS - len(tail)))
+    return clip_text(body + tail, RESULT_CHARS)
+
+
+def cut_note(result: dict) -> str | None:
+    if not result.get("truncated"):
+        return None
+    size = result.get("output_bytes", 0)
+    where = result.get("output_file")
+    if where:
+        return (f"output cut: {size} bytes in all; the whole output is in {where} "
+                f"(grep it or page it with sed -n)")
+    return f"output cut: {size} bytes in all, the middle left out"
+
+
+def shell_text(r: dict, timeout_s: float, moved_to: str | None) -> str:
+    notes = []
+    if r["timed_out"]:
+        notes.append(f"timed out after {timeout_s:g} s: the command and everything it started "
+                     f"were stopped; use process_start for long-running commands")
+    elif r["signal"]:
+        notes.append(f"killed by {r['signal']}")
+    else:
+        notes.append(f"exit code {r['exit_code']}")
+    if r["orphans_ended"] and not r["timed_out"]:
+        notes.append(f"{r['orphans_ended']} process(es) it left running were ended; use "
+                     f"process_start to keep something running")
+    if r.get("shell") == "sh":
+        notes.append("ran in sh: this system has no bash")
+    cut = cut_note(r)
+    if cut:
+        notes.append(cut)
+    if moved_to:
+        notes.append(f"now in {moved_to}")
+    return compose(r["output"], notes)
+
+
+def repl_text(r: dict, first_in_turn: bool) -> str:
+    notes = []
+    if r["fresh"] and not first_in_turn and not r["state_lost"]:
+        notes.append("a fresh interpreter: what earlier calls defined is gone")
+    if r["status"] == "error":
+        notes.append("error")
+    cut = cut_note(r)
+    if cut:
+        notes.append(cut)
+    return compose(r["output"], notes)
+
+
+def process_text(r: dict) -> str:
+    notes = []
+    if r["dropped_bytes"]:
+        notes.append(f"{r['dropped_bytes']} older bytes were no longer kept")
+    notes.append(f"{r['id']} {status_words(r)}")
+    return compose(r["output"] or "(no new output)", notes)
+
+
+def status_words(r: dict) -> str:
+    if r["status"] == "running":
+        return "is running"
+    if r["signal"]:
+        return f"{r['status']} (killed by {r['signal']})"
+    if r["exit_code"] is not None:
+        return f"{r['status']} with exit code {r['exit_code']}"
+    return r["status"]
