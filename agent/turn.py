@@ -99,6 +99,8 @@ SKIPPED = ("[Skipped: {name} with exactly these arguments already ran {runs} tim
            "answer with what you have.]")
 OUT_OF_TIME = ("[Not run: the turn's wall-clock budget ({wall_s:g} s) is spent, so no more tools "
                "run in this turn.]")
+INTERRUPTED = "[interrupted by the user]"
+INTERRUPTED_EARLY = "[interrupted by the user before any reply]"
 
 SYSTEM = """You are a coding agent. You work in the repository below through tools that run \
 in a sandbox: the workspace is {workspace}, /tmp is scratch space, and network access is \
@@ -266,6 +268,8 @@ class _Loop:
         self.backend = agent.backend
         self.on_event = on_event
         self.on_text = on_text
+        # The text of the reply streaming now; None while no request is in flight.
+        self.streamed: list[str] | None = None
 
     def log(self, type: str, **fields) -> None:
         event = self.conversation.log(type, self.turn.number, **fields)
@@ -297,6 +301,7 @@ class _Loop:
         except BaseException as e:
             if _is_cancellation(e):
                 turn.end(Outcome.INTERRUPTED, "cancelled")
+                self.keep_interrupted()
                 raise
             if isinstance(e, DoesNotFit):
                 turn.end(Outcome.FAILED, f"context: {e}; the conversation is kept as it was")
@@ -317,6 +322,27 @@ class _Loop:
                 repls = await self.backend.end_turn()
                 self.log("outcome", outcome=turn.outcome.value, reason=turn.reason,
                          steps=turn.steps, tool_calls=turn.tool_calls, repls_ended=repls)
+
+    def keep_interrupted(self) -> None:
+        """The reply cut off by the interrupt, as far as it streamed, marked: the next
+        request goes on from it, and a prompt left without any reply gets a mark instead,
+        so that the next prompt does not run into it (providers merge adjacent user
+        messages)."""
+        text = "".join(self.streamed or ())
+        self.streamed = None
+        messages = self.conversation.messages
+        if not text and not (messages and isinstance(messages[-1], UserMessage)):
+            return  # it ends with an answer or tool results: nothing runs together
+        self.conversation.append(AssistantMessage(
+            text=f"{text}\n\n{INTERRUPTED}" if text else INTERRUPTED_EARLY))
+        self.log("reply", step=self.turn.steps, text=text, stop="interrupted", tool_calls=[],
+                 partial=True)
+
+    def _stream(self, chunk: str) -> None:
+        if self.streamed is not None:
+            self.streamed.append(chunk)
+        if self.on_text is not None:
+            self.on_text(chunk)
 
     # ------------------------------------------------------------ model requests
 
@@ -340,9 +366,11 @@ class _Loop:
                      images=len(images), tokens_estimate=fitted.tokens,
                      budget=agent.budget.tokens, budget_guessed=agent.budget.guessed,
                      compacted=fitted.summary is not None)
+            self.streamed = []
             try:
-                reply = await agent.model.complete(request, images, self.on_text)
+                reply = await agent.model.complete(request, images, self._stream)
             except ContextOverflow as e:
+                self.streamed = None
                 if refused is not None:
                     raise DoesNotFit(f"the model refused the request as too long even after "
                                      f"compaction ({e})") from None
@@ -350,6 +378,13 @@ class _Loop:
                 refused = str(e)
                 self.log("refused", step=self.turn.steps, message=refused)
                 continue
+            except BaseException as e:
+                # An interrupt keeps it (keep_interrupted); a failure drops it with the
+                # turn, the conversation kept as it was.
+                if not _is_cancellation(e):
+                    self.streamed = None
+                raise
+            self.streamed = None
             break
         if fitted.summary is not None:
             self.conversation.insert(fitted.at, fitted.summary)

@@ -11,7 +11,8 @@ import trio
 
 from agent.results import RESULT_CHARS
 from agent.history import AssistantMessage, ToolCall, ToolResult, UserMessage
-from agent.models.scripted import call, reply
+from agent.models.scripted import Streamed, call, reply
+from agent.providers import render_anthropic
 from agent.turn import NUDGE, AgentConfig
 import agentkit
 from agentkit import texts
@@ -286,3 +287,43 @@ async def test_each_turn_has_an_outcome_and_an_event_log(kit):
     assert log[0]["prompt"] == "say hi"
     assert log[4]["text"] == "hi\n[exit code 0]"
     assert log[-1]["outcome"] == "completed" and log[-1]["steps"] == 2
+
+
+async def _interrupt_streaming(kit, step: Streamed):
+    """A turn whose model request is interrupted while `step` streams; the agent."""
+    agent = await kit.open([step])
+    got = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_collect, agent.run_turn("first question"), got)
+        await step.streaming.wait()
+        agent.cancel()
+    assert got[0].outcome == "interrupted"
+    return agent
+
+
+async def test_an_interrupted_reply_is_kept_as_far_as_it_streamed(kit):
+    agent = await _interrupt_streaming(kit, Streamed("Let me look at the tests"))
+    assert agent.conversation.messages[-1] == AssistantMessage(
+        text="Let me look at the tests\n\n[interrupted by the user]")
+    kept = [e for e in events(agent) if e["type"] == "reply"]
+    assert [(e["text"], e["stop"], e["partial"]) for e in kept] == [
+        ("Let me look at the tests", "interrupted", True)]
+    # The next prompt follows an answer: two prompts never run together into one message.
+    agent.model.add(reply("ok"))
+    assert (await agent.run_turn("second question")).outcome == "completed"
+    sent = agent.model.requests[-1].messages
+    assert [type(m).__name__ for m in sent] == ["UserMessage", "AssistantMessage",
+                                               "UserMessage"]
+    assert sent[1].text.startswith("Let me look at the tests")
+    assert render_anthropic(agent.model.requests[-1], {})["messages"][0] == {
+        "role": "user", "content": [{"type": "text", "text": "first question"}]}
+
+
+async def test_a_prompt_interrupted_before_any_reply_is_marked(kit):
+    agent = await _interrupt_streaming(kit, Streamed(""))
+    assert agent.conversation.messages[-1] == AssistantMessage(
+        text="[interrupted by the user before any reply]")
+    agent.model.add(reply("ok"))
+    assert (await agent.run_turn("second question")).outcome == "completed"
+    assert [type(m).__name__ for m in agent.model.requests[-1].messages] == [
+        "UserMessage", "AssistantMessage", "UserMessage"]

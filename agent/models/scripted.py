@@ -1,7 +1,8 @@
 """A Model that answers from a script, for tests: each request takes the next step.
 
-A step is a `ModelReply`, an exception to raise, or a callable (sync or async) given the
-request and returning a reply, e.g. one that waits until the test lets it go. Every request
+A step is a `ModelReply`, an exception to raise, a callable (sync or async) given the
+request and returning a reply, e.g. one that waits until the test lets it go, or a
+`Streamed` reply that streams its text and waits in the middle. Every request
 is recorded with the pictures it carried, so a test asserts on what a provider would have
 been sent. A script that runs out raises ModelError, so a test notices a request too many.
 """
@@ -12,10 +13,12 @@ import inspect
 import itertools
 from collections.abc import Callable, Iterable, Mapping
 
+import trio
+
 from agent.history import ImageRef, LoadedImage, ModelRequest, ToolCall
 from agent.models.base import ContextBudget, ModelError, ModelReply
 
-__all__ = ["ScriptedModel", "reply", "call"]
+__all__ = ["ScriptedModel", "Streamed", "reply", "call"]
 
 _ids = itertools.count(1)
 
@@ -29,7 +32,27 @@ def reply(text: str = "", *calls: ToolCall) -> ModelReply:
     return ModelReply(text=text, tool_calls=list(calls), stop="tool_use" if calls else "end")
 
 
-Step = ModelReply | BaseException | Callable
+class Streamed:
+    """A reply whose text streams: `before` is streamed, then it waits (`streaming` is set)
+    until `release` is set, then streams `after` and answers with all of it. A test
+    interrupts it while it waits."""
+
+    def __init__(self, before: str, after: str = ""):
+        self.before, self.after = before, after
+        self.streaming = trio.Event()
+        self.release = trio.Event()
+
+    async def play(self, on_text: Callable[[str], None] | None) -> ModelReply:
+        if on_text is not None:
+            on_text(self.before)
+        self.streaming.set()
+        await self.release.wait()
+        if on_text is not None and self.after:
+            on_text(self.after)
+        return reply(self.before + self.after)
+
+
+Step = ModelReply | BaseException | Callable | Streamed
 
 
 class ScriptedModel:
@@ -59,6 +82,8 @@ class ScriptedModel:
                              f"{len(self.requests)}")
         if isinstance(step, BaseException):
             raise step
+        if isinstance(step, Streamed):
+            return await step.play(on_text)
         if callable(step):
             step = step(request)
             if inspect.isawaitable(step):
