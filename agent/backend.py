@@ -53,6 +53,8 @@ __all__ = ["Backend"]
 MAX_TIMEOUT_S = 600.0
 MAX_WAIT_S = 300.0
 UNTIL_WAIT_S = 30.0  # process_output's wait when only `until` is given
+# image.read's errors that are about the file, not the session: the model is told.
+IMAGE_ERRORS = ("not_found", "not_an_image", "image_too_large", "limit_exceeded")
 
 
 class Backend:
@@ -216,7 +218,18 @@ class Backend:
             self.session, turn, a.code, language=a.language,
             timeout_s=self.repl_timeout_s, max_output_chars=RESULT_CHARS - NOTES_ROOM,
             **self._asks("spill", spill=True))
-        return ToolOutcome(repl_text(r, first))
+        refs, shown, unread = [], [], []
+        for image in r.get("images") or []:
+            try:
+                ref, read = await self._fit(image["path"])
+            except ToolsdError as e:
+                if e.code not in IMAGE_ERRORS:
+                    raise
+                unread.append(f"the figure {image['path']} could not be read: {e.message}")
+                continue
+            refs.append(ref)
+            shown.append((ref.path, read["width"], read["height"]))
+        return ToolOutcome(repl_text(r, first, shown, unread), images=refs)
 
     async def _process_start(self, a: ProcessStart) -> ToolOutcome:
         command, where = self._in_cwd(a.command)
@@ -270,20 +283,27 @@ class Backend:
 
     async def _read_image(self, a: ReadImage) -> ToolOutcome:
         path = self.resolve(a.path)
-        max_dim, max_bytes = image_limits(self.provider)
         try:
-            r = await self.client.image_read(self.session, path, max_dim=max_dim,
-                                             max_bytes=max_bytes)
+            ref, r = await self._fit(path)
         except ToolsdError as e:
-            if e.code in ("not_found", "not_an_image", "image_too_large", "limit_exceeded"):
+            if e.code in IMAGE_ERRORS:
                 return ToolOutcome(f"read_image: {e.message}", is_error=True)
             raise
-        ref = ImageRef(path=path, max_dim=max_dim, max_bytes=max_bytes)
-        self._images[ref, max_dim] = _loaded(r)
         o = r["original"]
         resized = f", downscaled from {o['width']}x{o['height']}" if r["resized"] else ""
         return ToolOutcome(f"{path}: {o['format']} image, shown {r['width']}x{r['height']}"
                            f"{resized}. It is attached below.", images=[ref])
+
+    async def _fit(self, path: str) -> tuple[ImageRef, dict]:
+        """A picture to ride below the results: read now, fitted to the provider's limits
+        for one picture (kept for the request, which fits it again if it holds many), and
+        its ref, the path. Raises the ToolsdError of image.read."""
+        max_dim, max_bytes = image_limits(self.provider)
+        r = await self.client.image_read(self.session, path, max_dim=max_dim,
+                                         max_bytes=max_bytes)
+        ref = ImageRef(path=path, max_dim=max_dim, max_bytes=max_bytes)
+        self._images[ref, max_dim] = _loaded(r)
+        return ref, r
 
     # ------------------------------------------------------------ images for a request
 

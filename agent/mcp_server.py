@@ -11,6 +11,7 @@ The client starts it as a subprocess and speaks MCP (JSON-RPC lines) on its stdi
   picture as MCP image content. Annotations say which tools only read.
 - `repl_reset`: the REPL's state lasts as long as the connection (one toolsd turn); this
   ends its interpreters, and the next `repl` call starts fresh.
+- `repl` answers with the figures its code made as MCP image content after its text.
 - One toolsd session per connection (a stdio server has one): opened at start, closed with
   everything in it when the client goes: stdin closed (a client that exits, or is killed),
   or SIGTERM / SIGINT / SIGHUP (a client's shutdown sequence, a person's Ctrl-C).

@@ -12,7 +12,7 @@ import msgspec
 from agent.history import ImageRef
 
 __all__ = ["RESULT_CHARS", "NOTES_ROOM", "ToolOutcome", "clip_text", "compose", "cut_note",
-           "process_text", "quoted", "repl_text", "shell_text", "status_words"]
+           "process_text", "quoted", "repl_text", "shell_text", "status_words", "caption"]
 
 # What a model is shown of one tool result, notices included (seed 000).
 RESULT_CHARS = 4000
@@ -91,7 +91,10 @@ def shell_text(r: dict, timeout_s: float, moved_to: str | None) -> str:
     return compose(r["output"], notes)
 
 
-def repl_text(r: dict, first_in_turn: bool) -> str:
+def repl_text(r: dict, first_in_turn: bool, figures: list[tuple[str, int, int]] = (),
+              unread: list[str] = ()) -> str:
+    """A repl.exec result; `figures`: (path, width, height) of the pictures it made that
+    ride below, `unread`: a line for each that could not be read."""
     notes = []
     if r["fresh"] and not first_in_turn and not r["state_lost"]:
         notes.append("a fresh interpreter: what earlier calls defined is gone")
@@ -100,6 +103,11 @@ def repl_text(r: dict, first_in_turn: bool) -> str:
     cut = cut_note(r)
     if cut:
         notes.append(cut)
+    if figures:
+        shown = ", ".join(f"{path} ({w}x{h})" for path, w, h in figures)
+        notes.append(f"{len(figures)} figure{'s' if len(figures) > 1 else ''} attached below: "
+                     f"{shown}")
+    notes.extend(unread)
     return compose(r["output"], notes)
 
 
@@ -119,3 +127,10 @@ def status_words(r: dict) -> str:
     if r["exit_code"] is not None:
         return f"{r['status']} with exit code {r['exit_code']}"
     return r["status"]
+
+
+def caption(tool: str, path: str) -> str:
+    """The line before a picture that rides after the tool results."""
+    if tool == "repl":
+        return f"The figure {path}, made by repl:"
+    return f"The image {path}, as {tool} asked:"

@@ -48,7 +48,7 @@ from agent.history import (
     UserMessage,
 )
 from agent.models.base import ContextOverflow, Model, ModelError, ModelReply
-from agent.results import RESULT_CHARS, ToolOutcome, clip_text
+from agent.results import RESULT_CHARS, ToolOutcome, caption, clip_text
 from agent.tools import TOOLS
 from agent.window import resolve_budget
 from toolsd.client import AsyncClient
@@ -417,7 +417,7 @@ class _Loop:
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         turn = self.turn
-        images: list[ImageRef] = []
+        images: list[tuple[str, ImageRef]] = []
         for i, call in enumerate(calls):
             outcome = await self.run_tool(call)
             text = outcome.text
@@ -430,11 +430,11 @@ class _Loop:
             # Saved one by one: a turn cancelled mid-step keeps the results it has.
             self.conversation.append(ToolResult(call_id=call.id, name=call.name, text=text,
                                                 is_error=outcome.is_error))
-            images.extend(outcome.images)
+            images.extend((call.name, ref) for ref in outcome.images)
         if images:
             parts = []
-            for ref in images:
-                parts += [Text(f"The image {ref.path}, as read_image asked:"), ref]
+            for tool, ref in images:
+                parts += [Text(caption(tool, ref.path)), ref]
             self.conversation.append(UserMessage(parts, attachment=True))
 
     async def run_tool(self, call: ToolCall) -> ToolOutcome:

@@ -306,3 +306,58 @@ async def test_an_id_the_daemon_forgot_is_explained(kit):
     for text in (r.text for r in results(model)):
         assert text == ("bg424242 is gone: toolsd was restarted since it was started, and its "
                         "processes with it. Start it again with process_start.")
+
+
+# ---------------------------------------------------------------- repl figures
+
+
+def figure_code(name: str) -> str:
+    """REPL code whose last value is a picture (protocol 1.1 "figures"): an object with
+    `_repr_png_`, so that no package is needed in the session's interpreter."""
+    return (f"class Picture:\n    def _repr_png_(self):\n"
+            f"        return open({name!r}, 'rb').read()\nPicture()")
+
+
+async def test_repl_figures_ride_below_the_results_as_read_image_does(kit):
+    png(os.path.join(kit.workspace, "red.png"))
+    png(os.path.join(kit.workspace, "wide.png"), size=(4000, 300))
+    agent = await kit.open()
+    model, _ = await run_calls(kit, call("repl", code=figure_code("red.png")),
+                               call("repl", code=figure_code("wide.png")),
+                               call("repl", code="1 + 1"), agent=agent)
+    small, wide, plain = (r.text for r in results(model))
+    m = re.fullmatch(r"<__main__\.Picture object at 0x\w+>\n"
+                     r"\[1 figure attached below: (/tmp/toolsd-figures/\S+\.png) \(64x48\)\]",
+                     small)
+    assert m, small
+    # Fitted to the provider's limits before it reaches a request, as read_image's are.
+    m2 = re.search(r"\[1 figure attached below: (/tmp/toolsd-figures/\S+\.png) \(1568x118\)\]",
+                   wide)
+    assert m2, wide
+    assert plain == "2"
+    attached = [m for m in model.requests[-1].messages
+                if isinstance(m, UserMessage) and m.attachment]
+    assert [[p.text if hasattr(p, "text") else p for p in a.content] for a in attached] == [
+        [f"The figure {m[1]}, made by repl:", ImageRef(path=m[1])],
+        [f"The figure {m2[1]}, made by repl:", ImageRef(path=m2[1])]]
+    images = model.images[-1]
+    assert [(i.width, i.height) for i in images.values()] == [(64, 48), (1568, 118)]
+    assert Image.open(io.BytesIO(images[ImageRef(path=m[1])].data)).size == (64, 48)
+    events = [e for e in agent.conversation.events() if e["type"] == "tool_result"]
+    assert [e["images"] for e in events] == [[m[1]], [m2[1]], []]
+
+
+async def test_repl_figures_count_in_what_one_request_carries(kit):
+    # Two figures made first, then read_image of pictures that alone fill a request (as in
+    # the test above): the figures, the oldest, are among those left out, and said to be.
+    for i in range(13):
+        Image.frombytes("RGB", (1500, 1500), os.urandom(1500 * 1500 * 3)).save(
+            os.path.join(kit.workspace, f"noise{i}.png"))
+    model, _ = await run_calls(kit, call("repl", code=figure_code("noise0.png")),
+                               call("repl", code=figure_code("noise1.png")),
+                               *(call("read_image", path=f"noise{i}.png") for i in range(2, 13)))
+    images = model.images[-1]
+    assert len(images) == 13 and any(not i.missing for i in images.values())
+    figures = [ref for ref in images if ref.path.startswith("/tmp/toolsd-figures/")]
+    assert len(figures) == 2 and all(images[r].missing == LEFT_OUT for r in figures)
+    assert sum(len(i.data) * 4 / 3 for i in images.values() if not i.missing) <= 24_000_000

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -118,6 +119,21 @@ async def test_read_image_gives_image_content(place, module_daemon):
         assert picture.size == (64, 48)
     assert missing.is_error and len(missing.content) == 1
     assert texts(missing)[0].startswith("read_image: ")
+
+
+async def test_repl_gives_its_figures_as_image_content(place, module_daemon):
+    Image.new("RGB", (64, 48), "green").save(os.path.join(place.workspace, "plot.png"))
+    code = ("class Plot:\n    def _repr_png_(self):\n        return open('plot.png', 'rb').read()\n"
+            "Plot()")
+    async with connect(place, socket=module_daemon.socket) as client:
+        made = await client.call_tool("repl", {"code": code})
+    text, image = made.content
+    assert text.type == "text"
+    assert re.search(r"\[1 figure attached below: /tmp/toolsd-figures/\S+\.png \(64x48\)\]$",
+                     text.text), text.text
+    assert image.type == "image" and image.mime_type == "image/png"
+    with Image.open(io.BytesIO(base64.b64decode(image.data))) as picture:
+        assert picture.size == (64, 48)
 
 
 async def test_plan_mode_is_read_only(place, module_daemon):
