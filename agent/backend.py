@@ -7,7 +7,10 @@ backend started (the only ids it lets the model touch: ids are daemon-wide, and 
 never reach another session's process by guessing `bg1`).
 
 One toolsd request per call; what the model reads of its result is agent/results.py's
-(pure), the arguments are read by agent/arguments.py.
+(pure), the arguments are read by agent/arguments.py. Besides its result, the model is told,
+once, in the next tool result, what the session added that the host's git would run
+(`host_exec` in a result, docs/sandbox.md): the owner is told too (`report`), to warn the
+person.
 
 Resource handling: the session and everything in it (REPLs, background processes) end at
 `aclose()` (session.close); the REPLs of a turn end at `end_turn()`, which the turn loop
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shlex
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -40,6 +44,7 @@ from agent.results import (
     RESULT_CHARS,
     ToolOutcome,
     clip_text,
+    host_exec_note,
     process_text,
     quoted,
     repl_text,
@@ -81,6 +86,12 @@ class Backend:
         # Pictures read this turn, by (ref, the max_dim they were fitted to).
         self._images: dict[tuple[ImageRef, int], LoadedImage] = {}
         self.closed = False
+        # What the host's git would run, as the last result said it (docs/protocol.md).
+        self.host_exec: frozenset[str] = frozenset()
+        self._notes: list[str] = []  # for the model, with the next tool result
+        # The owner's ear for what a person must know: report(kind, fields), kind
+        # "host_exec" (fields: added, session).
+        self.report: Callable[[str, dict], None] | None = None
 
     @classmethod
     async def open(cls, client: AsyncClient, workspace: str, *, writable: bool = True,
@@ -100,7 +111,7 @@ class Backend:
         self.closed = True
         with trio.CancelScope(shield=True):
             try:
-                return await self.client.session_close(self.session)
+                return await self._ask("session_close", self.session)
             except ToolsdError:
                 return {}  # already gone with its daemon
 
@@ -127,7 +138,8 @@ class Backend:
         return ended
 
     async def _begin(self) -> str:
-        self.turn = (await self.client.turn_begin(self.session))["turn"]
+        r = await self._ask("turn_begin", self.session)
+        self.turn = r["turn"]
         self._repl_languages = set()
         self._images = {}  # a file may have changed or vanished between turns
         return self.turn
@@ -137,7 +149,7 @@ class Backend:
         if turn is None:
             return 0
         try:
-            return (await self.client.turn_end(self.session, turn))["repls_stopped"]
+            return (await self._ask("turn_end", self.session, turn))["repls_stopped"]
         except ToolsdError:
             return 0  # the session or the daemon is gone, and the REPLs with it
 
@@ -148,10 +160,19 @@ class Backend:
         is not there) is a ToolOutcome with is_error; only a lost daemon raises. Every
         outcome, an error's too, is within RESULT_CHARS."""
         outcome = await self._run(call)
-        if len(outcome.text) > RESULT_CHARS:
-            outcome = msgspec.structs.replace(outcome, text=clip_text(outcome.text,
-                                                                      RESULT_CHARS))
+        text = outcome.text
+        notes = "\n".join(self.take_notes())
+        if notes:
+            text = clip_text(text, max(0, RESULT_CHARS - len(notes) - 1)) + "\n" + notes
+        if text != outcome.text or len(text) > RESULT_CHARS:
+            outcome = msgspec.structs.replace(outcome, text=clip_text(text, RESULT_CHARS))
         return outcome
+
+    def take_notes(self) -> list[str]:
+        """What the model is to be told besides a result (host_exec), once: the caller puts
+        it where the model reads it."""
+        notes, self._notes = self._notes, []
+        return notes
 
     async def _run(self, call: ToolCall) -> ToolOutcome:
         args = parse_arguments(call)
@@ -164,6 +185,26 @@ class Backend:
             if e.code == "connection_lost":
                 raise
             return ToolOutcome(f"{call.name} failed: {e.message}", is_error=True)
+
+    async def _ask(self, method: str, *args: Any, **params: Any) -> dict:
+        """One request on the session (a client method by name); its `host_exec` is read."""
+        r = await getattr(self.client, method)(*args, **params)
+        self._saw_host_exec(r.get("host_exec"))
+        return r
+
+    def _saw_host_exec(self, listed: Any) -> None:
+        """The whole list comes with every result while it is not empty: what was not in the
+        last one is new, told once (a line removed and added again is new again)."""
+        now = [x for x in listed if isinstance(x, str)] if isinstance(listed, list) else []
+        added = [line for line in now if line not in self.host_exec]
+        self.host_exec = frozenset(now)
+        if added:
+            self._notes.append(host_exec_note(added))
+            self._report("host_exec", added=added, session=self.session)
+
+    def _report(self, kind: str, **fields: Any) -> None:
+        if self.report is not None:
+            self.report(kind, fields)
 
     def _in_cwd(self, command: str) -> tuple[str, dict[str, Any]]:
         """(command, params) that run `command` in the terminal's folder. toolsd takes a cwd
@@ -189,15 +230,15 @@ class Backend:
                   **where, **self._asks("spill", spill=True), **self._asks("cwd", report_cwd=True)}
         moved = ""
         try:
-            r = await self.client.shell_run(self.session, command, **params)
+            r = await self._ask("shell_run", self.session, command, **params)
         except ToolsdError as e:
             if not (e.code == "bad_params" and "cwd" in e.message and "cwd" in where):
                 raise
             # The terminal's folder is gone (removed, or replaced by a file or a symlink).
             moved = f"[could not enter {self.cwd} ({e.message}): this ran in the workspace root]"
             self.cwd = self.workspace
-            r = await self.client.shell_run(self.session, a.command,
-                                            **{k: v for k, v in params.items() if k != "cwd"})
+            r = await self._ask("shell_run", self.session, a.command,
+                                **{k: v for k, v in params.items() if k != "cwd"})
         before = self.cwd
         after = r.get("cwd_after")
         if after:
@@ -214,8 +255,8 @@ class Backend:
             turn = self.turn or await self._begin()
             first = a.language not in self._repl_languages
             self._repl_languages.add(a.language)
-        r = await self.client.repl_exec(
-            self.session, turn, a.code, language=a.language,
+        r = await self._ask(
+            "repl_exec", self.session, turn, a.code, language=a.language,
             timeout_s=self.repl_timeout_s, max_output_chars=RESULT_CHARS - NOTES_ROOM,
             **self._asks("spill", spill=True))
         refs, shown, unread = [], [], []
@@ -233,7 +274,7 @@ class Backend:
 
     async def _process_start(self, a: ProcessStart) -> ToolOutcome:
         command, where = self._in_cwd(a.command)
-        r = await self.client.process_start(self.session, command, name=a.name, **where)
+        r = await self._ask("process_start", self.session, command, name=a.name, **where)
         self.processes[r["id"]] = a.command
         return ToolOutcome(f"Started {r['id']}. Read its output with process_output, stop it "
                            f"with process_stop; it keeps running until then.")
@@ -262,7 +303,7 @@ class Backend:
         if a.until is not None:
             params["until"] = a.until
         try:
-            r = await self.client.process_output(a.id, **params)
+            r = await self._ask("process_output", a.id, **params)
         except ToolsdError as e:
             return self._stale(a.id, e)
         return ToolOutcome(process_text(r))
@@ -271,7 +312,7 @@ class Backend:
         if (refusal := self._unknown(a.id)) is not None:
             return refusal
         try:
-            r = await self.client.process_stop(a.id)
+            r = await self._ask("process_stop", a.id)
         except ToolsdError as e:
             return self._stale(a.id, e)
         ended = f"; {r['ended']} process(es) ended" if r["ended"] else ""
@@ -299,8 +340,8 @@ class Backend:
         for one picture (kept for the request, which fits it again if it holds many), and
         its ref, the path. Raises the ToolsdError of image.read."""
         max_dim, max_bytes = image_limits(self.provider)
-        r = await self.client.image_read(self.session, path, max_dim=max_dim,
-                                         max_bytes=max_bytes)
+        r = await self._ask("image_read", self.session, path, max_dim=max_dim,
+                            max_bytes=max_bytes)
         ref = ImageRef(path=path, max_dim=max_dim, max_bytes=max_bytes)
         self._images[ref, max_dim] = _loaded(r)
         return ref, r
@@ -327,8 +368,8 @@ class Backend:
 
     async def _load(self, ref: ImageRef, max_dim: int) -> LoadedImage:
         try:
-            r = await self.client.image_read(self.session, ref.path, max_dim=max_dim,
-                                             max_bytes=ref.max_bytes)
+            r = await self._ask("image_read", self.session, ref.path, max_dim=max_dim,
+                                max_bytes=ref.max_bytes)
         except ToolsdError as e:
             if e.code == "connection_lost":
                 raise

@@ -10,9 +10,11 @@ terminal) until the end of input (Ctrl-D); the exit status is the last turn's.
 
 What a person sees: the model's text on stdout as it streams; on stderr each tool call as one
 line and its result (shortened) when it comes, a spinner with the elapsed time while a tool
-runs (on a terminal only), the questions of ask mode (y / n / always for this tool), and each
-turn's outcome line. `--json` prints instead every event of the turn (the lines of its
-events.jsonl, agent/conversation.py) as JSON lines on stdout; questions stay on stderr.
+runs (on a terminal only), the questions of ask mode (y / n / always for this tool), a
+warning line for each thing the session added that git on this machine would run (also at
+exit), and each turn's outcome line. `--json` prints instead every event of the turn (the
+lines of its events.jsonl, agent/conversation.py) as JSON lines on stdout; questions stay
+on stderr.
 
 Ctrl-C during a turn cancels it (it ends `interrupted`: its command is ended, its REPLs too);
 a second Ctrl-C, one at the prompt, SIGTERM or SIGHUP exits. At exit the session ends, and
@@ -218,6 +220,9 @@ class Run:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
                             code = 1
                         else:
+                            # What comes between turns too (at exit: what the session left
+                            # that git would run).
+                            self.agent.on_event = term.event
                             self.move(Phase.PROMPT)
                             code = await self._turns(reader)
                 finally:

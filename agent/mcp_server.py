@@ -12,6 +12,9 @@ The client starts it as a subprocess and speaks MCP (JSON-RPC lines) on its stdi
 - `repl_reset`: the REPL's state lasts as long as the connection (one toolsd turn); this
   ends its interpreters, and the next `repl` call starts fresh.
 - `repl` answers with the figures its code made as MCP image content after its text.
+- What the backend tells the model besides a result (what the host's git would run) comes in
+  the next result's text, and is logged to stderr as a warning for the person who reads the
+  client's log.
 - One toolsd session per connection (a stdio server has one): opened at start, closed with
   everything in it when the client goes: stdin closed (a client that exits, or is killed),
   or SIGTERM / SIGINT / SIGHUP (a client's shutdown sequence, a person's Ctrl-C).
@@ -57,6 +60,7 @@ TITLES = {
     "read_image": "Look at an image",
     REPL_RESET: "Reset the REPL",
 }
+HOST_EXEC_LOGGED = 10  # warning lines of one report; a flood is counted past them
 INSTALL_HINT = ("the MCP SDK is not installed: pip install 'toolsd[mcp]' (or pip install "
                 "'mcp>=2.3,<3') into toolsd's environment")
 
@@ -132,6 +136,7 @@ async def serve(workspace: str, mode, socket_path: str) -> int:
         except ToolsdError as e:
             log.error("cannot open a session on %s: %s", workspace, e.message)
             return 1
+        backend.report = report
         log.info("session %s on %s (sandbox: %s, %s mode)", backend.session,
                  backend.workspace, backend.sandbox, mode.value)
         if backend.sandbox == "none":
@@ -160,6 +165,18 @@ async def serve(workspace: str, mode, socket_path: str) -> int:
         with trio.CancelScope(shield=True):
             await client.aclose()
     return 0
+
+
+def report(kind: str, fields: dict) -> None:
+    """What the backend says a person must know, as warnings in the log."""
+    if kind == "host_exec":
+        added = fields["added"]
+        for line in added[:HOST_EXEC_LOGGED]:
+            log.warning("session %s added what git on this machine would run: %s (look at it "
+                        "before you run git there)", fields["session"], line)
+        if len(added) > HOST_EXEC_LOGGED:
+            log.warning("session %s added %d more such; `toolsd status` lists them all while "
+                        "it is open", fields["session"], len(added) - HOST_EXEC_LOGGED)
 
 
 async def _stop_on_signal(signals, scope) -> None:
@@ -215,8 +232,9 @@ class ToolHost:
         try:
             if name == REPL_RESET:
                 ended = await self.backend.reset_turn()
-                return text(f"The REPL was reset ({ended} interpreter(s) ended): the next repl "
-                            f"call starts fresh.")
+                return text("\n".join([f"The REPL was reset ({ended} interpreter(s) ended): the "
+                                       f"next repl call starts fresh.",
+                                       *self.backend.take_notes()]))
             call = ToolCall(id="mcp", name=name, arguments=arguments)
             decision = await self.gate.check(call)
             if not decision.allowed:

@@ -12,13 +12,18 @@ import msgspec
 from agent.history import ImageRef
 
 __all__ = ["RESULT_CHARS", "NOTES_ROOM", "ToolOutcome", "clip_text", "compose", "cut_note",
-           "process_text", "quoted", "repl_text", "shell_text", "status_words", "caption"]
+           "process_text", "quoted", "repl_text", "shell_text", "status_words", "host_exec_note",
+           "caption"]
 
 # What a model is shown of one tool result, notices included (seed 000).
 RESULT_CHARS = 4000
 # Kept free for the bracketed lines when the daemon is asked for the output.
 NOTES_ROOM = 400
 QUOTED_CHARS = 80  # of a name or id the model sent, quoted back in a message
+# What a note quotes of one host_exec line, and how many lines one note names: the note
+# stays one short line, the rest of the result keeps its room.
+HOST_EXEC_CHARS = 200
+HOST_EXEC_LINES = 5
 
 
 class ToolOutcome(msgspec.Struct, frozen=True):
@@ -129,8 +134,23 @@ def status_words(r: dict) -> str:
     return r["status"]
 
 
+def one_line(text: str, limit: int) -> str:
+    """`text` on one line (line breaks written as \\n) of at most `limit` characters."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def caption(tool: str, path: str) -> str:
     """The line before a picture that rides after the tool results."""
     if tool == "repl":
         return f"The figure {path}, made by repl:"
     return f"The image {path}, as {tool} asked:"
+
+
+def host_exec_note(added: list[str]) -> str:
+    """What the session added that the host's git would run (docs/sandbox.md, "What the host
+    would execute"), said once when it appears: the person is warned of it too."""
+    shown = [one_line(line, HOST_EXEC_CHARS) for line in added[:HOST_EXEC_LINES]]
+    more = f"; and {len(added) - len(shown)} more" if len(added) > len(shown) else ""
+    return (f"[host_exec: the user's git would run this, which the session added (the user is "
+            f"told): {'; '.join(shown)}{more}]")

@@ -5,7 +5,8 @@
 - its result is one line: the first line of the output, how many more there are, and the
   bracketed notes the model was given (exit code, timeout, where the whole output is);
 - the spinner line says which tool runs and for how long;
-- the outcome line says how the turn ended and in how many steps.
+- the outcome line says how the turn ended and in how many steps;
+- a warning line for each thing the session added that git on this machine would run.
 
 Lines are clipped to the terminal's width, and control characters (escape sequences of a
 command's output or a model's text) are shown as `?`, never sent to the terminal. `Glyphs`
@@ -22,7 +23,7 @@ import msgspec
 
 __all__ = ["Glyphs", "UNICODE", "ASCII", "glyphs_for", "call_line", "result_line",
            "outcome_line", "spinner_line", "approval_question", "read_answer", "clip",
-           "printable"]
+           "printable", "host_exec_lines"]
 
 
 class Glyphs(msgspec.Struct, frozen=True):
@@ -40,6 +41,9 @@ ASCII = Glyphs(call="*", result="->", error="x", ellipsis="...", spinner="|/-\\"
 def glyphs_for(encoding: str | None) -> Glyphs:
     return UNICODE if (encoding or "").lower().replace("-", "") in ("utf8", "utf_8") else ASCII
 
+
+# Warning lines of one host_exec event; a flood of hooks is counted past them.
+HOST_EXEC_SHOWN = 10
 
 # Control characters but newline and tab (C0, DEL, C1): what a terminal would act on. Output
 # of a command or text of a model must not move the cursor, retitle the window or write the
@@ -144,6 +148,19 @@ def outcome_line(outcome: str, steps: int, tool_calls: int, reason: str = "") ->
     """How a turn ended: `[completed] 3 steps, 2 tool calls`, with the reason for the others."""
     line = f"[{outcome}] {_count(steps, 'step')}, {_count(tool_calls, 'tool call')}"
     return f"{line}: {reason}" if reason and outcome != "completed" else line
+
+
+def host_exec_lines(event: dict, most: int = HOST_EXEC_SHOWN) -> list[str]:
+    """A `host_exec` event: one warning line for each thing added, whole (it is what the
+    person must go and look at), at most `most` of them and a line that counts the rest."""
+    added = event.get("added", [])
+    lines = [f"toolsd agent: WARNING: the session added what git on this machine would run: "
+             f"{line} (look at it before you run git in that repository)"
+             for line in added[:most]]
+    if len(added) > most:
+        lines.append(f"toolsd agent: WARNING: and {len(added) - most} more such; `toolsd "
+                     f"status` lists them all while the session is open")
+    return lines
 
 
 def spinner_line(name: str, elapsed_s: float, tick: int, width: int,

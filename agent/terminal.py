@@ -21,6 +21,7 @@ from agent.screen import (
     approval_question,
     call_line,
     glyphs_for,
+    host_exec_lines,
     outcome_line,
     printable,
     read_answer,
@@ -105,6 +106,9 @@ class Terminal:
             self._start_spinner(event["name"])
         elif kind == "tool_result":
             self.say(result_line(event, width, g))
+        elif kind == "host_exec":
+            for line in host_exec_lines(event):
+                self.say(line)
         elif kind == "refused":
             self.say("  (the model found the request too long: older messages are summarized "
                      "and it is asked again)")

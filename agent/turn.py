@@ -15,7 +15,12 @@ model answers without asking for tools. It is bounded and supervised (seed 002):
 - cancellation (Agent.cancel, Ctrl-C, an enclosing cancel scope) ends it `interrupted`, also
   while it waits for a person's approval; an exception ends it `failed`;
 - whatever ends it, the turn's REPLs end (turn.end in `finally`), open tool calls get a
-  result, and its outcome is logged.
+  result, and its outcome is logged; an interrupted reply is kept as far as it streamed,
+  marked so, and the history goes on from it (the next prompt never runs into this one).
+
+What the backend reports for a person (agent/backend.py: what the host's git would run) is
+logged as an event of the turn, or of none between turns, and
+given to the listener of the turn (`on_event`) or else to `Agent.on_event`.
 
 Every step is written to the conversation's event log as it happens (agent/conversation.py).
 
@@ -165,6 +170,11 @@ class Agent:
         self._own_client = own_client
         self._scope: trio.CancelScope | None = None
         self._closed = False
+        self._turn: int | None = None  # the number of the turn in flight
+        self._listener: Callable[[dict], None] | None = None  # the turn in flight's
+        # Events that come outside a turn (the backend's reports at close) go here.
+        self.on_event: Callable[[dict], None] | None = None
+        backend.report = self._report
 
     @classmethod
     async def open(cls, workspace: str, model: Model, *, mode: Mode | str = Mode.ASK,
@@ -228,6 +238,12 @@ class Agent:
                 if self._own_client:
                     await self._client.aclose()
 
+    def _report(self, kind: str, fields: dict) -> None:
+        event = self.conversation.log(kind, self._turn, **fields)
+        listener = self._listener or self.on_event
+        if listener is not None:
+            listener(event)
+
     def cancel(self) -> None:
         """Cancel the turn in flight (it ends `interrupted`); nothing if none is."""
         if self._scope is not None:
@@ -242,11 +258,13 @@ class Agent:
         if self._scope is not None:
             raise RuntimeError("a turn is already running on this agent")
         turn = _Turn(self.conversation.next_turn(), self.config.wall_s)
+        on_event = on_event or self.on_event
+        self._turn, self._listener = turn.number, on_event
         with trio.CancelScope() as self._scope:
             try:
                 await _Loop(self, turn, on_event, on_text).run(prompt)
             finally:
-                self._scope = None
+                self._scope = self._turn = self._listener = None
         return turn.result()
 
 

@@ -154,6 +154,24 @@ def test_anthropic_api(server, place, module_daemon):
         "hi\n[exit code 0]"
 
 
+def test_what_the_hosts_git_would_run_is_a_warning_line(server, place, module_daemon):
+    server.push(openai_stream(calls=[Call("run_terminal", {
+                    "command": "git init -q app && echo evil > app/.git/hooks/pre-commit"})]),
+                openai_stream(calls=[Call("run_terminal", {"command": "echo again"})]),
+                openai_stream(text="made a repository"))
+    done = run(argv(server, place, "--mode", "auto", "go", socket=module_daemon.socket), place)
+    assert done.returncode == 0, done.stderr
+    hook = f"{os.path.realpath(place.workspace)}/app/.git/hooks/pre-commit"
+    warnings = [line for line in done.stderr.splitlines() if "WARNING" in line]
+    assert warnings == [f"toolsd agent: WARNING: the session added what git on this machine "
+                        f"would run: {hook} (look at it before you run git in that "
+                        f"repository)"]
+    told = tool_message(server.requests[1])["content"]
+    assert told.endswith(f"[host_exec: the user's git would run this, which the session added "
+                         f"(the user is told): {hook}]")
+    assert tool_message(server.requests[2])["content"] == "again\n[exit code 0]"
+
+
 # ---------------------------------------------------------------- errors a person makes
 
 

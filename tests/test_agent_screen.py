@@ -9,6 +9,7 @@ from agent.screen import (
     printable,
     call_line,
     glyphs_for,
+    host_exec_lines,
     outcome_line,
     read_answer,
     result_line,
@@ -82,3 +83,14 @@ def test_a_command_to_approve_reads_as_it_runs():
     assert "    echo safe #? ~ fr- mr??\n" in question
     assert printable("tab\tand\nnewline stay; \u200d joins emoji") == \
         "tab\tand\nnewline stay; \u200d joins emoji"
+
+
+def test_a_flood_of_hooks_is_ten_warning_lines_and_a_count():
+    added = [f"/ws/r{i}/.git/hooks/pre-commit" for i in range(500)]
+    lines = host_exec_lines({"type": "host_exec", "added": added})
+    assert len(lines) == 11
+    assert lines[0] == ("toolsd agent: WARNING: the session added what git on this machine "
+                        "would run: /ws/r0/.git/hooks/pre-commit (look at it before you run "
+                        "git in that repository)")
+    assert lines[-1] == ("toolsd agent: WARNING: and 490 more such; `toolsd status` lists "
+                         "them all while the session is open")

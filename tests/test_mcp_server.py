@@ -136,6 +136,21 @@ async def test_repl_gives_its_figures_as_image_content(place, module_daemon):
         assert picture.size == (64, 48)
 
 
+async def test_what_the_hosts_git_would_run_is_told_and_logged(place, module_daemon):
+    hook = f"{os.path.realpath(place.workspace)}/app/.git/hooks/post-checkout"
+    async with connect(place, socket=module_daemon.socket) as client:
+        made = await client.call_tool("run_terminal", {
+            "command": "git init -q app && echo evil > app/.git/hooks/post-checkout"})
+        again = await client.call_tool("run_terminal", {"command": "echo again"})
+    assert texts(made) == [f"(no output)\n[exit code 0]\n[host_exec: the user's git would run "
+                           f"this, which the session added (the user is told): {hook}]"]
+    assert texts(again) == ["again\n[exit code 0]"]
+    with open(os.path.join(place.root, "mcp.log")) as f:
+        warnings = [line for line in f if "WARNING" in line]
+    assert len(warnings) == 1 and f"added what git on this machine would run: {hook}" in \
+        warnings[0]
+
+
 async def test_plan_mode_is_read_only(place, module_daemon):
     async with connect(place, "--mode", "plan", socket=module_daemon.socket) as client:
         early = await client.call_tool("run_terminal", {"command": "touch made"})
