@@ -8,9 +8,17 @@ never reach another session's process by guessing `bg1`).
 
 One toolsd request per call; what the model reads of its result is agent/results.py's
 (pure), the arguments are read by agent/arguments.py. Besides its result, the model is told,
-once, in the next tool result, what the session added that the host's git would run
-(`host_exec` in a result, docs/sandbox.md): the owner is told too (`report`), to warn the
-person.
+once, in the next tool result:
+- what the session added that the host's git would run (`host_exec` in a result, docs/
+  sandbox.md): the owner is told too (`report`), to warn the person;
+- that the session was lost and replaced. Lost: calls answer `session_closed` (closed for
+  idleness, its sandbox died), `not_found` "no session" (closed by someone else), or the
+  daemon stopped answering (restarted: the backend connects again, once per loss). A fresh
+  session is opened on the same workspace, once per loss, and what was of the earlier one
+  (processes, REPL state, /tmp, the terminal's folder) is gone; its process ids answer as
+  stale. A call cut by the loss is not run again (it may have done part of its work): the
+  model decides. When no session can be opened, or the fresh one is lost too within the
+  same call, `SessionLost` is raised: never a loop.
 
 Resource handling: the session and everything in it (REPLs, background processes) end at
 `aclose()` (session.close); the REPLs of a turn end at `end_turn()`, which the turn loop
@@ -45,15 +53,18 @@ from agent.results import (
     ToolOutcome,
     clip_text,
     host_exec_note,
+    not_finished_note,
     process_text,
     quoted,
     repl_text,
+    session_lost_text,
     shell_text,
+    stale_text,
     status_words,
 )
 from toolsd.client import AsyncClient, ToolsdError
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "SessionLost"]
 
 MAX_TIMEOUT_S = 600.0
 MAX_WAIT_S = 300.0
@@ -62,13 +73,38 @@ UNTIL_WAIT_S = 30.0  # process_output's wait when only `until` is given
 IMAGE_ERRORS = ("not_found", "not_an_image", "image_too_large", "limit_exceeded")
 
 
+class SessionLost(Exception):
+    """The session was gone and no new one could be opened, or the new one was lost too
+    within the same call; the message says why, in one line for a person."""
+
+
+class _Gone(ToolsdError):
+    """A request found its session gone (`lost(error)`): `session` is the one it was sent
+    on, `cause` the daemon's (or the client's) error. Its code is `session_closed` whatever
+    the cause, so that no tool takes it for one of its own errors (image.read's `not_found`
+    of a file)."""
+
+    def __init__(self, session: str, cause: ToolsdError):
+        super().__init__("session_closed", cause.message)
+        self.session = session
+        self.cause = cause
+
+
+def lost(error: ToolsdError) -> bool:
+    """Whether `error` says the session is gone: closed (idleness, a dead sandbox), unknown
+    to the daemon (closed by someone else, or a daemon that restarted), or no daemon."""
+    return (error.code in ("session_closed", "connection_lost")
+            or (error.code == "not_found" and error.message.startswith("no session ")))
+
+
 class Backend:
     """See the module docstring. Made by `Backend.open`; the turn loop and `toolsd mcp` both
     drive it: `begin_turn`, `call` per tool call, `load_images` for a request, `end_turn`,
     `aclose`."""
 
     def __init__(self, client: AsyncClient, session: str, workspace: str, *, sandbox: str,
-                 features: list[str], provider: str, repl_timeout_s: float):
+                 features: list[str], provider: str, repl_timeout_s: float,
+                 options: dict[str, Any] | None = None):
         self.client = client
         self.session = session
         self.workspace = workspace
@@ -86,11 +122,18 @@ class Backend:
         # Pictures read this turn, by (ref, the max_dim they were fitted to).
         self._images: dict[tuple[ImageRef, int], LoadedImage] = {}
         self.closed = False
+        self.options = options or {}  # session.open's, for a session that replaces a lost one
+        # Processes of sessions that were lost: id -> command (answered as stale).
+        self.stale: dict[str, str] = {}
+        self._replacing = trio.Lock()
+        self._clients: list[AsyncClient] = []  # connected again after a daemon restart: ours
+        self._lost: dict[str, str] = {}  # a lost session's id -> what the model was told
         # What the host's git would run, as the last result said it (docs/protocol.md).
         self.host_exec: frozenset[str] = frozenset()
         self._notes: list[str] = []  # for the model, with the next tool result
         # The owner's ear for what a person must know: report(kind, fields), kind
-        # "host_exec" (fields: added, session).
+        # "host_exec" (fields: added, session) or "session_replaced" (lost, session, reason,
+        # stale).
         self.report: Callable[[str, dict], None] | None = None
 
     @classmethod
@@ -98,11 +141,11 @@ class Backend:
                    network: str = "none", env: dict[str, str] | None = None,
                    provider: str = "anthropic", repl_timeout_s: float = 120.0) -> Backend:
         hello = await client.hello("toolsd-agent")
-        opened = await client.session_open(os.path.abspath(workspace), writable=writable,
-                                           network=network, env=env or {})
+        options = {"writable": writable, "network": network, "env": env or {}}
+        opened = await client.session_open(os.path.abspath(workspace), **options)
         return cls(client, opened["session"], opened["workspace"], sandbox=opened["sandbox"],
                    features=hello.get("features", []), provider=provider,
-                   repl_timeout_s=repl_timeout_s)
+                   repl_timeout_s=repl_timeout_s, options=options)
 
     async def aclose(self) -> dict:
         """session.close: every process and REPL of the session ends. Idempotent."""
@@ -114,6 +157,9 @@ class Backend:
                 return await self._ask("session_close", self.session)
             except ToolsdError:
                 return {}  # already gone with its daemon
+            finally:
+                for client in self._clients:
+                    await client.aclose()
 
     # ------------------------------------------------------------ turns
 
@@ -138,7 +184,14 @@ class Backend:
         return ended
 
     async def _begin(self) -> str:
-        r = await self._ask("turn_begin", self.session)
+        try:
+            r = await self._ask("turn_begin", self.session)
+        except _Gone as e:
+            self._notes.append(await self._replace(e))
+            try:
+                r = await self._ask("turn_begin", self.session)
+            except _Gone as again:
+                raise _twice(again) from None
         self.turn = r["turn"]
         self._repl_languages = set()
         self._images = {}  # a file may have changed or vanished between turns
@@ -169,8 +222,8 @@ class Backend:
         return outcome
 
     def take_notes(self) -> list[str]:
-        """What the model is to be told besides a result (host_exec), once: the caller puts
-        it where the model reads it."""
+        """What the model is to be told besides a result (host_exec, a session replaced),
+        once: the caller puts it where the model reads it."""
         notes, self._notes = self._notes, []
         return notes
 
@@ -179,16 +232,30 @@ class Backend:
         if isinstance(args, ToolOutcome):
             return args
         run = getattr(self, "_" + call.name)
+        session = self.session
         try:
             return await run(args)
+        except _Gone as e:
+            if e.session != session:  # this call's session was already a replacement
+                raise _twice(e) from None
+            told = await self._replace(e)
+            return ToolOutcome(f"{told}\n{not_finished_note(call.name)}", is_error=True)
         except ToolsdError as e:
             if e.code == "connection_lost":
                 raise
             return ToolOutcome(f"{call.name} failed: {e.message}", is_error=True)
 
     async def _ask(self, method: str, *args: Any, **params: Any) -> dict:
-        """One request on the session (a client method by name); its `host_exec` is read."""
-        r = await getattr(self.client, method)(*args, **params)
+        """One request on the session (a client method by name); its `host_exec` is read. A
+        session found gone raises _Gone (but once the backend is closing: it is meant to
+        go)."""
+        sent_on = self.session
+        try:
+            r = await getattr(self.client, method)(*args, **params)
+        except ToolsdError as e:
+            if self.closed or not lost(e):
+                raise
+            raise _Gone(sent_on, e) from None
         self._saw_host_exec(r.get("host_exec"))
         return r
 
@@ -205,6 +272,62 @@ class Backend:
     def _report(self, kind: str, **fields: Any) -> None:
         if self.report is not None:
             self.report(kind, fields)
+
+    async def _replace(self, gone: _Gone) -> str:
+        """Open a session in place of `gone.session` (once: a call that comes after another
+        has replaced it gets the same words), connecting again first if the daemon stopped
+        answering; what the model is told. Raises SessionLost when none can be opened.
+        Shielded: a session opened is always kept, to be closed."""
+        lost_id, cause = gone.session, gone.cause
+        with trio.CancelScope(shield=True):
+            async with self._replacing:
+                if lost_id in self._lost:
+                    return self._lost[lost_id]
+                if cause.code == "connection_lost":
+                    reason = f"toolsd stopped answering: {cause.message}"
+                    await self._reconnect(lost_id, reason)
+                else:
+                    reason = cause.message
+                    try:
+                        # What is left of a dead sandbox ends; its last host_exec look is read.
+                        await self._ask("session_close", lost_id)
+                    except ToolsdError:
+                        pass  # forgotten already, or the daemon went: session.open will say
+                try:
+                    opened = await self.client.session_open(self.workspace, **self.options)
+                except ToolsdError as e:
+                    raise SessionLost(
+                        f"the toolsd session {lost_id} was lost ({reason}) and a new one "
+                        f"could not be opened on {self.workspace}: {e.message}") from None
+                if self.closed:  # aclose came meanwhile: this one is not wanted either
+                    await self._ask("session_close", opened["session"])
+                    raise SessionLost(f"the toolsd session {lost_id} was lost as the backend "
+                                      f"was closing")
+                self.session = opened["session"]
+                self.cwd = self.workspace
+                self.turn = None  # the next repl call begins one on the new session
+                self._repl_languages = set()
+                self._images = {}
+                self.host_exec = frozenset()
+                stale = list(self.processes)
+                self.stale.update(self.processes)
+                self.processes = {}
+                self._lost[lost_id] = text = session_lost_text(reason, stale)
+                self._report("session_replaced", lost=lost_id, session=self.session,
+                             reason=reason, stale=stale)
+                return text
+
+    async def _reconnect(self, lost_id: str, reason: str) -> None:
+        """A new connection to the daemon's socket (a daemon restarted there has forgotten
+        every session); raises SessionLost when nothing answers on it."""
+        path = self.client.socket_path
+        try:
+            client = await AsyncClient.connect(path)
+        except (ToolsdError, OSError) as e:
+            raise SessionLost(f"the toolsd session {lost_id} was lost ({reason}) and nothing "
+                              f"answers at {path} ({e}); start the daemon again") from None
+        self._clients.append(client)
+        self.client = client
 
     def _in_cwd(self, command: str) -> tuple[str, dict[str, Any]]:
         """(command, params) that run `command` in the terminal's folder. toolsd takes a cwd
@@ -284,6 +407,8 @@ class Backend:
             return None
         mine = ", ".join(f"{k} ({clip_text(v, 40)})" for k, v in self.processes.items()) \
             if self.processes else "none"
+        if pid in self.stale:
+            return ToolOutcome(stale_text(pid, mine), is_error=True)
         return ToolOutcome(f"There is no background process {quoted(pid)} of yours. Processes "
                            f"you started: {mine}.", is_error=True)
 
@@ -376,6 +501,11 @@ class Backend:
             return LoadedImage(missing=f"it could not be read any more ({e.message}); the file "
                                        f"may have been moved or deleted since it was read")
         return _loaded(r)
+
+
+def _twice(gone: _Gone) -> SessionLost:
+    return SessionLost(f"the toolsd session {gone.session}, opened in place of a lost one, was "
+                       f"lost too ({gone.cause.message}): not opening another in this call")
 
 
 def _loaded(r: dict) -> LoadedImage:

@@ -12,9 +12,9 @@ What a person sees: the model's text on stdout as it streams; on stderr each too
 line and its result (shortened) when it comes, a spinner with the elapsed time while a tool
 runs (on a terminal only), the questions of ask mode (y / n / always for this tool), a
 warning line for each thing the session added that git on this machine would run (also at
-exit), and each turn's outcome line. `--json` prints instead every event of the turn (the
-lines of its events.jsonl, agent/conversation.py) as JSON lines on stdout; questions stay
-on stderr.
+exit), a line when a lost session was replaced, and each turn's outcome line. `--json`
+prints instead every event of the turn (the lines of its events.jsonl,
+agent/conversation.py) as JSON lines on stdout; questions stay on stderr.
 
 Ctrl-C during a turn cancels it (it ends `interrupted`: its command is ended, its REPLs too);
 a second Ctrl-C, one at the prompt, SIGTERM or SIGHUP exits. At exit the session ends, and

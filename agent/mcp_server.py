@@ -12,9 +12,9 @@ The client starts it as a subprocess and speaks MCP (JSON-RPC lines) on its stdi
 - `repl_reset`: the REPL's state lasts as long as the connection (one toolsd turn); this
   ends its interpreters, and the next `repl` call starts fresh.
 - `repl` answers with the figures its code made as MCP image content after its text.
-- What the backend tells the model besides a result (what the host's git would run) comes in
-  the next result's text, and is logged to stderr as a warning for the person who reads the
-  client's log.
+- What the backend tells the model besides a result (what the host's git would run, a lost
+  session replaced by a fresh one) comes in the next result's text; both are logged to
+  stderr as warnings for the person who reads the client's log.
 - One toolsd session per connection (a stdio server has one): opened at start, closed with
   everything in it when the client goes: stdin closed (a client that exits, or is killed),
   or SIGTERM / SIGINT / SIGHUP (a client's shutdown sequence, a person's Ctrl-C).
@@ -177,6 +177,10 @@ def report(kind: str, fields: dict) -> None:
         if len(added) > HOST_EXEC_LOGGED:
             log.warning("session %s added %d more such; `toolsd status` lists them all while "
                         "it is open", fields["session"], len(added) - HOST_EXEC_LOGGED)
+    elif kind == "session_replaced":
+        log.warning("session %s was lost (%s): its processes and REPL state are gone; going "
+                    "on in a fresh session, %s, on the same workspace", fields["lost"],
+                    fields["reason"], fields["session"])
 
 
 async def _stop_on_signal(signals, scope) -> None:
@@ -223,6 +227,7 @@ class ToolHost:
         a result with is_error, as in `toolsd agent`."""
         from mcp.types import CallToolResult, ImageContent, TextContent
 
+        from agent.backend import SessionLost
         from agent.history import ToolCall
         from toolsd.client import ToolsdError
 
@@ -252,6 +257,9 @@ class ToolHost:
                             type="image", data=base64.b64encode(image.data).decode(),
                             mime_type=image.media_type))
             return CallToolResult(content=content, is_error=outcome.is_error)
+        except SessionLost as e:
+            log.error("%s: %s", name, e)
+            return text(f"{name} failed: {e}. The next call tries again.", is_error=True)
         except ToolsdError as e:  # the daemon is gone (connection_lost), or the session
             log.error("%s: %s", name, e.message)
             return text(f"{name} failed: toolsd is unavailable ({e.message}); restart the MCP "

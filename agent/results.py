@@ -13,16 +13,17 @@ from agent.history import ImageRef
 
 __all__ = ["RESULT_CHARS", "NOTES_ROOM", "ToolOutcome", "clip_text", "compose", "cut_note",
            "process_text", "quoted", "repl_text", "shell_text", "status_words", "host_exec_note",
-           "caption"]
+           "session_lost_text", "not_finished_note", "stale_text", "caption"]
 
 # What a model is shown of one tool result, notices included (seed 000).
 RESULT_CHARS = 4000
 # Kept free for the bracketed lines when the daemon is asked for the output.
 NOTES_ROOM = 400
 QUOTED_CHARS = 80  # of a name or id the model sent, quoted back in a message
-# What a note quotes of one host_exec line, and how many lines one note names: the note
-# stays one short line, the rest of the result keeps its room.
+# What a note quotes of one host_exec line, of a reason the daemon gave, and how many lines
+# one note names: the note stays one short line, the rest of the result keeps its room.
 HOST_EXEC_CHARS = 200
+REASON_CHARS = 200
 HOST_EXEC_LINES = 5
 
 
@@ -154,3 +155,24 @@ def host_exec_note(added: list[str]) -> str:
     more = f"; and {len(added) - len(shown)} more" if len(added) > len(shown) else ""
     return (f"[host_exec: the user's git would run this, which the session added (the user is "
             f"told): {'; '.join(shown)}{more}]")
+
+
+def session_lost_text(reason: str, stale: list[str]) -> str:
+    """The session was gone (closed for idleness, its sandbox died) and a fresh one replaced
+    it: what of the earlier one is gone, in one bracketed note."""
+    processes = f" ({one_line(', '.join(stale), REASON_CHARS)})" if stale else ""
+    return (f"[toolsd: the session was lost ({one_line(reason, REASON_CHARS)}); a fresh one "
+            f"was opened on the same workspace. Gone with the earlier one: its background "
+            f"processes{processes}, the REPL's state and its /tmp (saved outputs, figures); "
+            f"the terminal is back in the workspace root. The workspace's files are as they "
+            f"were.]")
+
+
+def not_finished_note(tool: str) -> str:
+    return (f"[{tool} did not finish: it was not run, or cut off, with the lost session; run "
+            f"it again if it is still needed]")
+
+
+def stale_text(pid: str, mine: str) -> str:
+    return (f"{pid} ended with an earlier toolsd session, which was lost. Processes of this "
+            f"session: {mine}. Start it again with process_start.")

@@ -6,7 +6,8 @@
   bracketed notes the model was given (exit code, timeout, where the whole output is);
 - the spinner line says which tool runs and for how long;
 - the outcome line says how the turn ended and in how many steps;
-- a warning line for each thing the session added that git on this machine would run.
+- a warning line for each thing the session added that git on this machine would run, and
+  a line when a lost session was replaced by a fresh one.
 
 Lines are clipped to the terminal's width, and control characters (escape sequences of a
 command's output or a model's text) are shown as `?`, never sent to the terminal. `Glyphs`
@@ -23,7 +24,7 @@ import msgspec
 
 __all__ = ["Glyphs", "UNICODE", "ASCII", "glyphs_for", "call_line", "result_line",
            "outcome_line", "spinner_line", "approval_question", "read_answer", "clip",
-           "printable", "host_exec_lines"]
+           "printable", "host_exec_lines", "replaced_line"]
 
 
 class Glyphs(msgspec.Struct, frozen=True):
@@ -161,6 +162,14 @@ def host_exec_lines(event: dict, most: int = HOST_EXEC_SHOWN) -> list[str]:
         lines.append(f"toolsd agent: WARNING: and {len(added) - most} more such; `toolsd "
                      f"status` lists them all while the session is open")
     return lines
+
+
+def replaced_line(event: dict) -> str:
+    """A `session_replaced` event."""
+    stale = len(event.get("stale") or [])
+    return (f"toolsd agent: session {event['lost']} was lost ({event['reason']}); going on "
+            f"in a fresh one, {event['session']}: its background processes ({stale}) and "
+            f"REPL state are gone")
 
 
 def spinner_line(name: str, elapsed_s: float, tick: int, width: int,

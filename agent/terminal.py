@@ -25,6 +25,7 @@ from agent.screen import (
     outcome_line,
     printable,
     read_answer,
+    replaced_line,
     result_line,
     spinner_line,
 )
@@ -109,6 +110,8 @@ class Terminal:
         elif kind == "host_exec":
             for line in host_exec_lines(event):
                 self.say(line)
+        elif kind == "session_replaced":
+            self.say(replaced_line(event))
         elif kind == "refused":
             self.say("  (the model found the request too long: older messages are summarized "
                      "and it is asked again)")

@@ -18,8 +18,8 @@ model answers without asking for tools. It is bounded and supervised (seed 002):
   result, and its outcome is logged; an interrupted reply is kept as far as it streamed,
   marked so, and the history goes on from it (the next prompt never runs into this one).
 
-What the backend reports for a person (agent/backend.py: what the host's git would run) is
-logged as an event of the turn, or of none between turns, and
+What the backend reports for a person (agent/backend.py: what the host's git would run, a
+lost session replaced) is logged as an event of the turn, or of none between turns, and
 given to the listener of the turn (`on_event`) or else to `Agent.on_event`.
 
 Every step is written to the conversation's event log as it happens (agent/conversation.py).
@@ -38,7 +38,7 @@ from collections.abc import Callable
 import msgspec
 import trio
 
-from agent.backend import Backend
+from agent.backend import Backend, SessionLost
 from agent.compaction import DoesNotFit, fit_history
 from agent.context import gather_context
 from agent.conversation import Conversation, ConversationStore
@@ -300,6 +300,10 @@ class _Loop:
         self.conversation.append(UserMessage([Text(prompt)]))
         try:
             await self.backend.begin_turn()
+            notes = self.backend.take_notes()  # a lost session replaced as the turn began
+            if notes:
+                self.conversation.append(UserMessage([Text("\n".join(notes))],
+                                                     attachment=True))
             while turn.outcome is None:
                 if trio.current_time() >= turn.deadline:
                     turn.end(Outcome.BUDGET_EXHAUSTED,
@@ -323,7 +327,7 @@ class _Loop:
                 raise
             if isinstance(e, DoesNotFit):
                 turn.end(Outcome.FAILED, f"context: {e}; the conversation is kept as it was")
-            elif isinstance(e, ModelError):
+            elif isinstance(e, (ModelError, SessionLost)):
                 turn.end(Outcome.FAILED, str(e))  # one line for a person: what to check
             else:
                 turn.end(Outcome.FAILED, f"{type(e).__name__}: {e}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 
 import psutil
@@ -14,7 +15,8 @@ import pytest
 
 from agent.models.scripted import ScriptedModel
 from agent.turn import Agent, AgentConfig
-from conftest import has_ended, module_daemon as shared_daemon, short_tempdir, wait_gone
+from conftest import has_ended, module_daemon as shared_daemon, short_tempdir, wait_for, wait_gone
+from test_idle import sandbox_of
 
 
 class Kit:
@@ -127,3 +129,15 @@ def running(procs: list[psutil.Process], text: str) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return found
+
+
+def kill_sandbox(daemon, session: str) -> None:
+    """SIGKILL `session`'s sandbox from the host (as an OOM kill or an admin would), and wait
+    until the daemon has seen it die (`alive: false`)."""
+    with daemon.client() as c:
+        os.kill(sandbox_of(daemon, c, session), signal.SIGKILL)
+
+        def dead() -> bool:
+            return not {s["session"]: s for s in c.session_list()["sessions"]}[session]["alive"]
+
+        wait_for(dead, timeout=60)

@@ -12,6 +12,7 @@ from agent.screen import (
     host_exec_lines,
     outcome_line,
     read_answer,
+    replaced_line,
     result_line,
     spinner_line,
 )
@@ -94,3 +95,11 @@ def test_a_flood_of_hooks_is_ten_warning_lines_and_a_count():
                         "git in that repository)")
     assert lines[-1] == ("toolsd agent: WARNING: and 490 more such; `toolsd status` lists "
                          "them all while the session is open")
+
+
+def test_a_replaced_session_is_one_line():
+    assert replaced_line({"lost": "s3", "session": "s4", "stale": ["bg1", "bg2"],
+                          "reason": "session s3 was closed after 90 s without activity"}) == (
+        "toolsd agent: session s3 was lost (session s3 was closed after 90 s without "
+        "activity); going on in a fresh one, s4: its background processes (2) and REPL state "
+        "are gone")

@@ -23,7 +23,7 @@ from PIL import Image
 
 import agentkit
 from agent.tools import TOOLS
-from agentkit import descendants, running
+from agentkit import descendants, kill_sandbox, running
 from conftest import has_ended, needs_bwrap, wait_for, wait_gone
 
 pytestmark = needs_bwrap
@@ -149,6 +149,36 @@ async def test_what_the_hosts_git_would_run_is_told_and_logged(place, module_dae
         warnings = [line for line in f if "WARNING" in line]
     assert len(warnings) == 1 and f"added what git on this machine would run: {hook}" in \
         warnings[0]
+
+
+async def test_a_lost_session_is_replaced_and_the_model_told(place, module_daemon):
+    os.makedirs(os.path.join(place.workspace, "sub"))
+    async with connect(place, socket=module_daemon.socket) as client:
+        started = await client.call_tool("process_start", {"command": "exec sleep 6262"})
+        bg = texts(started)[0].split()[1].rstrip(".")
+        await client.call_tool("repl", {"code": "x = 1"})
+        await client.call_tool("run_terminal", {"command": "cd sub"})
+        with module_daemon.client() as c:
+            [lost] = [s["session"] for s in c.session_list()["sessions"]]
+        kill_sandbox(module_daemon, lost)
+        cut = await client.call_tool("run_terminal", {"command": "pwd"})
+        where = await client.call_tool("run_terminal", {"command": "pwd"})
+        stale = await client.call_tool("process_output", {"id": bg})
+        gone = await client.call_tool("repl", {"code": "x"})
+        with module_daemon.client() as c:
+            now = [s["session"] for s in c.session_list()["sessions"]]
+    assert cut.is_error
+    assert texts(cut)[0].startswith("[toolsd: the session was lost (") and \
+        f"Gone with the earlier one: its background processes ({bg}), the REPL's state" in \
+        texts(cut)[0]
+    assert texts(where) == [f"{os.path.realpath(place.workspace)}\n[exit code 0]"]
+    assert stale.is_error and texts(stale)[0].startswith(
+        f"{bg} ended with an earlier toolsd session, which was lost.")
+    assert "NameError: name 'x' is not defined" in texts(gone)[0]
+    assert len(now) == 1 and now != [lost]
+    assert module_daemon.running("sleep 6262") == []
+    with open(os.path.join(place.root, "mcp.log")) as f:
+        assert f"session {lost} was lost (" in f.read()
 
 
 async def test_plan_mode_is_read_only(place, module_daemon):
