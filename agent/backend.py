@@ -7,27 +7,20 @@ backend started (the only ids it lets the model touch: ids are daemon-wide, and 
 never reach another session's process by guessing `bg1`).
 
 One toolsd request per call; what the model reads of its result is agent/results.py's
-(pure), the arguments are read by agent/arguments.py. Besides its result, the model is told,
-once, in the next tool result:
-- what the session added that the host's git would run (`host_exec` in a result, docs/
-  sandbox.md): the owner is told too (`report`), to warn the person;
-- that the session was lost and replaced. Lost: calls answer `session_closed` (closed for
-  idleness, its sandbox died), `not_found` "no session" (closed by someone else), or the
-  daemon stopped answering (restarted: the backend connects again, once per loss). A fresh
-  session is opened on the same workspace, once per loss, and what was of the earlier one
-  (processes, REPL state, /tmp, the terminal's folder) is gone; its process ids answer as
-  stale. A call cut by the loss is not run again (it may have done part of its work): the
-  model decides. When no session can be opened, or the fresh one is lost too within the
-  same call, `SessionLost` is raised: never a loop.
+(pure), the arguments are read by agent/arguments.py. Every request goes through the session's
+Keeper (agent/keeper.py), which tells the model once, with the next tool result, what the
+session added that the host's git would run, and replaces a lost session: what lived in the
+old one is forgotten here (`_forget`: its process ids answer as stale). A call cut by the
+loss is not run again (it may have done part of its work): the model decides. A fresh
+session lost too within the same call raises `SessionLost`: never a loop.
 
 Resource handling: the session and everything in it (REPLs, background processes) end at
-`aclose()` (session.close); the REPLs of a turn end at `end_turn()`, which the turn loop
+`aclose()` (Keeper.close); the REPLs of a turn end at `end_turn()`, which the turn loop
 calls in its `finally`.
 """
 
 from __future__ import annotations
 
-import os
 import posixpath
 import shlex
 from collections.abc import Callable
@@ -46,18 +39,17 @@ from agent.arguments import (
     parse_arguments,
 )
 from agent.history import ImageRef, LoadedImage, ToolCall
+from agent.keeper import Gone, Keeper, SessionLost
 from agent.providers import image_limits, within_request
 from agent.results import (
     NOTES_ROOM,
     RESULT_CHARS,
     ToolOutcome,
     clip_text,
-    host_exec_note,
     not_finished_note,
     process_text,
     quoted,
     repl_text,
-    session_lost_text,
     shell_text,
     stale_text,
     status_words,
@@ -73,46 +65,22 @@ UNTIL_WAIT_S = 30.0  # process_output's wait when only `until` is given
 IMAGE_ERRORS = ("not_found", "not_an_image", "image_too_large", "limit_exceeded")
 
 
-class SessionLost(Exception):
-    """The session was gone and no new one could be opened, or the new one was lost too
-    within the same call; the message says why, in one line for a person."""
-
-
-class _Gone(ToolsdError):
-    """A request found its session gone (`lost(error)`): `session` is the one it was sent
-    on, `cause` the daemon's (or the client's) error. Its code is `session_closed` whatever
-    the cause, so that no tool takes it for one of its own errors (image.read's `not_found`
-    of a file)."""
-
-    def __init__(self, session: str, cause: ToolsdError):
-        super().__init__("session_closed", cause.message)
-        self.session = session
-        self.cause = cause
-
-
-def lost(error: ToolsdError) -> bool:
-    """Whether `error` says the session is gone: closed (idleness, a dead sandbox), unknown
-    to the daemon (closed by someone else, or a daemon that restarted), or no daemon."""
-    return (error.code in ("session_closed", "connection_lost")
-            or (error.code == "not_found" and error.message.startswith("no session ")))
-
-
 class Backend:
     """See the module docstring. Made by `Backend.open`; the turn loop and `toolsd mcp` both
     drive it: `begin_turn`, `call` per tool call, `load_images` for a request, `end_turn`,
     `aclose`."""
 
-    def __init__(self, client: AsyncClient, session: str, workspace: str, *, sandbox: str,
-                 features: list[str], provider: str, repl_timeout_s: float,
-                 options: dict[str, Any] | None = None):
-        self.client = client
-        self.session = session
-        self.workspace = workspace
-        self.sandbox = sandbox  # "bwrap", or "none" where the daemon cannot sandbox
+    def __init__(self, keeper: Keeper, *, features: list[str], provider: str,
+                 repl_timeout_s: float):
+        self.keeper = keeper
+        keeper.on_replaced = self._forget
+        self._ask = keeper.ask
+        self.workspace = keeper.workspace
+        self.sandbox = keeper.sandbox  # "bwrap", or "none" where the daemon cannot sandbox
         self.features = frozenset(features)
         self.provider = provider
         self.repl_timeout_s = repl_timeout_s
-        self.cwd = workspace  # the terminal's folder, as the session sees it
+        self.cwd = self.workspace  # the terminal's folder, as the session sees it
         self.turn: str | None = None
         # Held while the turn changes: a repl call never sees a turn that is ending.
         self._turn_lock = trio.Lock()
@@ -121,45 +89,59 @@ class Backend:
         self.processes: dict[str, str] = {}
         # Pictures read this turn, by (ref, the max_dim they were fitted to).
         self._images: dict[tuple[ImageRef, int], LoadedImage] = {}
-        self.closed = False
-        self.options = options or {}  # session.open's, for a session that replaces a lost one
         # Processes of sessions that were lost: id -> command (answered as stale).
         self.stale: dict[str, str] = {}
-        self._replacing = trio.Lock()
-        self._clients: list[AsyncClient] = []  # connected again after a daemon restart: ours
-        self._lost: dict[str, str] = {}  # a lost session's id -> what the model was told
-        # What the host's git would run, as the last result said it (docs/protocol.md).
-        self.host_exec: frozenset[str] = frozenset()
-        self._notes: list[str] = []  # for the model, with the next tool result
-        # The owner's ear for what a person must know: report(kind, fields), kind
-        # "host_exec" (fields: added, session) or "session_replaced" (lost, session, reason,
-        # stale).
-        self.report: Callable[[str, dict], None] | None = None
 
     @classmethod
     async def open(cls, client: AsyncClient, workspace: str, *, writable: bool = True,
                    network: str = "none", env: dict[str, str] | None = None,
                    provider: str = "anthropic", repl_timeout_s: float = 120.0) -> Backend:
         hello = await client.hello("toolsd-agent")
-        options = {"writable": writable, "network": network, "env": env or {}}
-        opened = await client.session_open(os.path.abspath(workspace), **options)
-        return cls(client, opened["session"], opened["workspace"], sandbox=opened["sandbox"],
-                   features=hello.get("features", []), provider=provider,
-                   repl_timeout_s=repl_timeout_s, options=options)
+        keeper = await Keeper.open(client, workspace, writable=writable, network=network,
+                                   env=env or {})
+        return cls(keeper, features=hello.get("features", []), provider=provider,
+                   repl_timeout_s=repl_timeout_s)
 
     async def aclose(self) -> dict:
         """session.close: every process and REPL of the session ends. Idempotent."""
-        if self.closed:
-            return {}
-        self.closed = True
-        with trio.CancelScope(shield=True):
-            try:
-                return await self._ask("session_close", self.session)
-            except ToolsdError:
-                return {}  # already gone with its daemon
-            finally:
-                for client in self._clients:
-                    await client.aclose()
+        return await self.keeper.close()
+
+    # The keeper's, for the owner and for tests.
+    @property
+    def client(self) -> AsyncClient:
+        return self.keeper.client
+
+    @client.setter
+    def client(self, client: AsyncClient) -> None:
+        self.keeper.client = client
+
+    @property
+    def session(self) -> str:
+        return self.keeper.id
+
+    @property
+    def report(self) -> Callable[[str, dict], None] | None:
+        return self.keeper.report
+
+    @report.setter
+    def report(self, report: Callable[[str, dict], None] | None) -> None:
+        self.keeper.report = report
+
+    def take_notes(self) -> list[str]:
+        """Notes for the model besides a result, once (Keeper.take_notes)."""
+        return self.keeper.take_notes()
+
+    def _forget(self) -> list[str]:
+        """A fresh session replaced a lost one: nothing of the old one is reachable; the ids
+        of its background processes, which now answer as stale."""
+        self.cwd = self.workspace
+        self.turn = None  # the next repl call begins one on the new session
+        self._repl_languages = set()
+        self._images = {}
+        stale = list(self.processes)
+        self.stale.update(self.processes)
+        self.processes = {}
+        return stale
 
     # ------------------------------------------------------------ turns
 
@@ -186,12 +168,12 @@ class Backend:
     async def _begin(self) -> str:
         try:
             r = await self._ask("turn_begin", self.session)
-        except _Gone as e:
-            self._notes.append(await self._replace(e))
+        except Gone as e:
+            self.keeper.note(await self.keeper.replace(e))
             try:
                 r = await self._ask("turn_begin", self.session)
-            except _Gone as again:
-                raise _twice(again) from None
+            except Gone as again:
+                raise again.twice() from None
         self.turn = r["turn"]
         self._repl_languages = set()
         self._images = {}  # a file may have changed or vanished between turns
@@ -221,12 +203,6 @@ class Backend:
             outcome = msgspec.structs.replace(outcome, text=clip_text(text, RESULT_CHARS))
         return outcome
 
-    def take_notes(self) -> list[str]:
-        """What the model is to be told besides a result (host_exec, a session replaced),
-        once: the caller puts it where the model reads it."""
-        notes, self._notes = self._notes, []
-        return notes
-
     async def _run(self, call: ToolCall) -> ToolOutcome:
         args = parse_arguments(call)
         if isinstance(args, ToolOutcome):
@@ -235,99 +211,15 @@ class Backend:
         session = self.session
         try:
             return await run(args)
-        except _Gone as e:
+        except Gone as e:
             if e.session != session:  # this call's session was already a replacement
-                raise _twice(e) from None
-            told = await self._replace(e)
+                raise e.twice() from None
+            told = await self.keeper.replace(e)
             return ToolOutcome(f"{told}\n{not_finished_note(call.name)}", is_error=True)
         except ToolsdError as e:
             if e.code == "connection_lost":
                 raise
             return ToolOutcome(f"{call.name} failed: {e.message}", is_error=True)
-
-    async def _ask(self, method: str, *args: Any, **params: Any) -> dict:
-        """One request on the session (a client method by name); its `host_exec` is read. A
-        session found gone raises _Gone (but once the backend is closing: it is meant to
-        go)."""
-        sent_on = self.session
-        try:
-            r = await getattr(self.client, method)(*args, **params)
-        except ToolsdError as e:
-            if self.closed or not lost(e):
-                raise
-            raise _Gone(sent_on, e) from None
-        self._saw_host_exec(r.get("host_exec"))
-        return r
-
-    def _saw_host_exec(self, listed: Any) -> None:
-        """The whole list comes with every result while it is not empty: what was not in the
-        last one is new, told once (a line removed and added again is new again)."""
-        now = [x for x in listed if isinstance(x, str)] if isinstance(listed, list) else []
-        added = [line for line in now if line not in self.host_exec]
-        self.host_exec = frozenset(now)
-        if added:
-            self._notes.append(host_exec_note(added))
-            self._report("host_exec", added=added, session=self.session)
-
-    def _report(self, kind: str, **fields: Any) -> None:
-        if self.report is not None:
-            self.report(kind, fields)
-
-    async def _replace(self, gone: _Gone) -> str:
-        """Open a session in place of `gone.session` (once: a call that comes after another
-        has replaced it gets the same words), connecting again first if the daemon stopped
-        answering; what the model is told. Raises SessionLost when none can be opened.
-        Shielded: a session opened is always kept, to be closed."""
-        lost_id, cause = gone.session, gone.cause
-        with trio.CancelScope(shield=True):
-            async with self._replacing:
-                if lost_id in self._lost:
-                    return self._lost[lost_id]
-                if cause.code == "connection_lost":
-                    reason = f"toolsd stopped answering: {cause.message}"
-                    await self._reconnect(lost_id, reason)
-                else:
-                    reason = cause.message
-                    try:
-                        # What is left of a dead sandbox ends; its last host_exec look is read.
-                        await self._ask("session_close", lost_id)
-                    except ToolsdError:
-                        pass  # forgotten already, or the daemon went: session.open will say
-                try:
-                    opened = await self.client.session_open(self.workspace, **self.options)
-                except ToolsdError as e:
-                    raise SessionLost(
-                        f"the toolsd session {lost_id} was lost ({reason}) and a new one "
-                        f"could not be opened on {self.workspace}: {e.message}") from None
-                if self.closed:  # aclose came meanwhile: this one is not wanted either
-                    await self._ask("session_close", opened["session"])
-                    raise SessionLost(f"the toolsd session {lost_id} was lost as the backend "
-                                      f"was closing")
-                self.session = opened["session"]
-                self.cwd = self.workspace
-                self.turn = None  # the next repl call begins one on the new session
-                self._repl_languages = set()
-                self._images = {}
-                self.host_exec = frozenset()
-                stale = list(self.processes)
-                self.stale.update(self.processes)
-                self.processes = {}
-                self._lost[lost_id] = text = session_lost_text(reason, stale)
-                self._report("session_replaced", lost=lost_id, session=self.session,
-                             reason=reason, stale=stale)
-                return text
-
-    async def _reconnect(self, lost_id: str, reason: str) -> None:
-        """A new connection to the daemon's socket (a daemon restarted there has forgotten
-        every session); raises SessionLost when nothing answers on it."""
-        path = self.client.socket_path
-        try:
-            client = await AsyncClient.connect(path)
-        except (ToolsdError, OSError) as e:
-            raise SessionLost(f"the toolsd session {lost_id} was lost ({reason}) and nothing "
-                              f"answers at {path} ({e}); start the daemon again") from None
-        self._clients.append(client)
-        self.client = client
 
     def _in_cwd(self, command: str) -> tuple[str, dict[str, Any]]:
         """(command, params) that run `command` in the terminal's folder. toolsd takes a cwd
@@ -501,11 +393,6 @@ class Backend:
             return LoadedImage(missing=f"it could not be read any more ({e.message}); the file "
                                        f"may have been moved or deleted since it was read")
         return _loaded(r)
-
-
-def _twice(gone: _Gone) -> SessionLost:
-    return SessionLost(f"the toolsd session {gone.session}, opened in place of a lost one, was "
-                       f"lost too ({gone.cause.message}): not opening another in this call")
 
 
 def _loaded(r: dict) -> LoadedImage:
