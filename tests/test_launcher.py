@@ -20,6 +20,7 @@ import pytest
 import trio
 import trio.testing
 
+from toolsd.sandbox.channel import Started
 from toolsd.sandbox.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
 from toolsd.sandbox.session_policy import own_files_under_tmp
 
@@ -141,8 +142,8 @@ async def test_command_killed_by_a_signal_reports_the_signal(launcher):
 
 
 async def test_ready_message_names_the_shells(launcher):
-    assert launcher.info["sh"] is not None
-    assert launcher.info["bash"] == shutil.which("bash", path=ENV["PATH"])
+    assert launcher.ready.sh is not None
+    assert launcher.ready.bash == shutil.which("bash", path=ENV["PATH"])
     assert launcher.host_pid > 0
     cmdline = psutil.Process(launcher.host_pid).cmdline()
     assert LAUNCHER_PY in cmdline
@@ -404,7 +405,7 @@ async def test_sandboxed_code_cannot_read_the_launchers_fds(nursery, tmp_path):
         # Opening /proc/PID/fd/N of the launcher would hand sandboxed code the daemon's socket.
         code = textwrap.dedent(f"""
             import os
-            folder = '/proc/{launcher.info['pid']}/fd/'
+            folder = '/proc/{launcher.ready.pid}/fd/'
             for name in os.listdir(folder):
                 try:
                     os.close(os.open(folder + name, os.O_RDONLY))
@@ -462,7 +463,7 @@ async def test_the_launcher_is_pid_1_and_no_signal_from_inside_ends_it(nursery, 
         pytest.skip("bubblewrap (bwrap) is not installed")
     launcher = await Launcher.start(nursery, wrapper=bwrap_prefix(str(tmp_path)), env=ENV)
     try:
-        assert launcher.info["pid"] == 1
+        assert launcher.ready.pid == 1
         for sig in ("KILL", "STOP", "TERM", "INT", "HUP", "QUIT", "SEGV", "USR1"):
             assert await run(launcher, ["kill", f"-{sig}", "1"]) == (b"", (0, None))
         with trio.fail_after(20):  # a bound, not a speed: a stopped launcher never answers
@@ -841,7 +842,7 @@ async def test_a_spawn_cancelled_as_its_start_is_reported_ends_the_tree(launcher
     dispatch = launcher._dispatch
 
     def cancel_then_dispatch(msg, fds):
-        if msg.get("op") == "started":
+        if isinstance(msg, Started):
             scope.cancel()  # the spawning task is woken with Cancelled, not yet run
         dispatch(msg, fds)
 

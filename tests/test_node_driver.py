@@ -14,6 +14,7 @@ except ImportError:  # tests/ became a package
     from tests.test_python_driver import DriverProcess
 
 from driver import NODE_REPL
+from toolsd.sandbox.channel import Ready
 from toolsd.tools.repl import interpreter_argv
 from toolsd.tools.sentinel import format_sentinel
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def repl():
     # As the daemon starts it (its flags), with this checkout's driver.
-    argv = interpreter_argv({"node": NODE}, "node")
+    argv = interpreter_argv(Ready(node=NODE), "node")
     driver = DriverProcess([*argv[:-1], str(DRIVER)])
     try:
         yield driver

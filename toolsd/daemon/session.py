@@ -387,9 +387,9 @@ class Session:
     @property
     def shell(self) -> tuple[str, str]:
         """(name, path) of the shell for shell.run: bash, else sh, as the sandbox has them."""
-        info = self.launcher.info
-        if info.get("bash"):
-            return "bash", info["bash"]
-        if info.get("sh"):
-            return "sh", info["sh"]
+        ready = self.launcher.ready
+        if ready.bash:
+            return "bash", ready.bash
+        if ready.sh:
+            return "sh", ready.sh
         raise ToolsdError(SANDBOX_UNAVAILABLE, "the sandbox has neither bash nor sh on its PATH")

@@ -1,8 +1,10 @@
-"""The launcher channel's two sockets, read and written straight, without trio's sockets.
+"""The launcher channel: its messages, and its two sockets, read and written straight, without
+trio's sockets.
 
 Messages go to the launcher as marshal, whose start cannot afford the json module (see its
-imports); they come back as JSON, since what leaves a sandbox is not to be trusted. The
-format is described in driver/launcher.py.
+imports): dicts, since marshal takes no Struct, built here only (`spawn_message`,
+`ping_message`). They come back as JSON, since what leaves a sandbox is not to be trusted,
+decoded into the tagged Structs below. The format is described in driver/launcher.py.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import errno
 import marshal
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Final
 
 import msgspec
 import trio
@@ -25,7 +28,82 @@ ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 # Messages read in a row without waiting before the reader lets other tasks run.
 RECV_STREAK = 16
 
-_json_decode = msgspec.json.Decoder().decode
+
+
+# What the launcher and its shims send us. A field the daemon does without has a default: were
+# it required, a message lacking it would be dropped, and its spawn would wait for ever.
+class _Msg(msgspec.Struct, tag_field="op", frozen=True):
+    pass
+
+
+class Ready(_Msg, tag="ready"):
+    """The launcher runs (fds: its pidfd); the programs it found on its PATH."""
+    pid: int = -1  # in the sandbox's pid namespace
+    bash: str | None = None
+    sh: str | None = None
+    python3: str | None = None
+    node: str | None = None
+
+
+class Pong(_Msg, tag="pong"):
+    n: int | None = None
+
+
+class Started(_Msg, tag="started"):
+    """The command runs (fds: pidfd of the command, pidfd of its shim, the hold pipe)."""
+    job: int
+    pid: int = 0  # in the sandbox's pid namespace
+
+
+class Failed(_Msg, tag="error"):
+    """The command could not be started. `unstarted`: its shim died before starting it, so
+    it never ran and may be sent again."""
+    job: int
+    message: str = ""
+    limit: bool = False  # a resource limit refused it
+    unstarted: bool = False
+
+
+class Exited(_Msg, tag="exited"):
+    """The command exited; `done` when nothing of its tree is left either."""
+    job: int
+    code: int | None = None
+    signal: int | None = None
+    done: bool = False
+
+
+class Done(_Msg, tag="done"):
+    """Nothing of the command's tree is left."""
+    job: int
+
+
+FromLauncher = Ready | Pong | Started | Failed | Exited | Done
+# A datagram that is no message of ours (truncated, not JSON, an unknown op, a field of the
+# wrong type): dropped, as the launcher never sends one.
+UNREADABLE: Final = object()
+
+_decode = msgspec.json.Decoder(FromLauncher).decode
+
+
+def decode(data: bytes) -> FromLauncher | object:
+    """The message in `data`, or UNREADABLE."""
+    try:
+        return _decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return UNREADABLE
+
+
+def spawn_message(job: int, argv: list[str], cwd: str, env: Mapping[str, str],
+                  rlimits: Mapping[str, tuple[int, int]] | None, ack: bool) -> dict:
+    """A spawn request (fds: the command's stdin, stdout, stderr, then its extra fds). Rlimit
+    pairs go as lists: the launcher compares them with the lists it applied last."""
+    return {"op": "spawn", "job": job, "argv": argv, "cwd": cwd, "env": dict(env),
+            "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()},
+            "ack": ack}
+
+
+def ping_message(n: int) -> dict:
+    return {"op": "ping", "n": n}
 
 
 def close_all(fds) -> None:
@@ -51,9 +129,9 @@ class Channel:
         self._spawn_lock = trio.Lock()
         self._streak = 0  # messages read in a row without waiting (see recv)
 
-    async def recv(self) -> tuple[dict | None, list[int]]:
+    async def recv(self) -> tuple[FromLauncher | object | None, list[int]]:
         """The next message and the fds that came with it (the caller's to close); None at
-        EOF; {"op": "unreadable"} for a message that is not one."""
+        EOF; UNREADABLE, without fds, for a datagram that is not a message."""
         # The socket directly, waiting only when nothing is there: trio's recvmsg passes
         # through the scheduler on every call (see fdio), and every spawn waits for two
         # messages. Messages that keep coming without a wait get a yield now and then.
@@ -78,13 +156,10 @@ class Channel:
         if not data:
             close_all(fds)
             return None, []
-        try:
-            msg = _json_decode(data)
-        except (msgspec.DecodeError, RecursionError):
-            msg = None
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or not isinstance(msg, dict):
+        msg = UNREADABLE if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) else decode(data)
+        if msg is UNREADABLE:
             close_all(fds)
-            return {"op": "unreadable"}, []  # dropped; the launcher never sends such things
+            return UNREADABLE, []
         return msg, fds
 
     async def send(self, msg: dict, fds: Sequence[int] = (), *, spawn: bool = False) -> None:

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 
 import trio
@@ -21,9 +20,10 @@ import trio
 from driver import LAUNCHER_PY
 from toolsd.runtime import threads
 from toolsd.sandbox import proctree
-from toolsd.sandbox.channel import Channel, close_all
+from toolsd.sandbox.channel import (Channel, Done, Exited, Failed, FromLauncher, Pong, Ready,
+                                    Started, close_all, ping_message, spawn_message)
 from toolsd.sandbox.errors import LauncherDied, LauncherError, LauncherLimit
-from toolsd.sandbox.job import Job
+from toolsd.sandbox.job import Job, JobState
 from toolsd.sandbox.wrapper import Wrapper, host_pid_of, kill_shims
 
 __all__ = ["Launcher", "Job", "LauncherError", "LauncherLimit", "LauncherDied", "LAUNCHER_PY",
@@ -57,7 +57,7 @@ class Launcher:
         self._wrapper = wrapper
         self._channel = channel
         self._tasks: trio.Nursery | None = None  # our reader's, for kills of abandoned jobs
-        self.info: dict = {}
+        self.ready = Ready()  # what the launcher said when it started
         self.alive = True
         self._death: str | None = None
         self._jobs: dict[int, Job] = {}
@@ -101,11 +101,11 @@ class Launcher:
     async def _receive_ready(self) -> None:
         msg, fds = await self._channel.recv()
         try:
-            if msg is None or msg.get("op") != "ready" or not fds:
+            if not isinstance(msg, Ready) or not fds:
                 await self._wrapper.wait_exits(CLEAN_EXIT_S)
                 raise LauncherError("the sandbox launcher did not start: "
                                     + self._wrapper.stderr_text())
-            self.info = msg
+            self.ready = msg
             if not self._wrapper.adopt_launcher(fds):
                 raise LauncherError("the sandbox launcher exited right after starting: "
                                     + self._wrapper.stderr_text())
@@ -176,68 +176,44 @@ class Launcher:
             finally:
                 close_all(fds)
 
-    def _dispatch(self, msg: dict, fds: list[int]) -> None:
-        op = msg.get("op")
-        if op == "pong":
-            event = self._pongs.pop(msg.get("n"), None)
+    def _dispatch(self, msg: FromLauncher | object, fds: list[int]) -> None:
+        if isinstance(msg, Pong):
+            event = self._pongs.pop(msg.n, None)
             if event is not None:
                 event.set()
             return
-        job = self._jobs.get(msg.get("job"))
+        if not isinstance(msg, (Started, Failed, Exited, Done)):
+            return  # unreadable, or a second `ready`
+        job = self._jobs.get(msg.job)
         if job is None:
             return  # e.g. the launcher's second word on a shim that already reported
-        if op == "started" and len(fds) >= 3 and not job._answered.is_set():
-            job.shim_pid = host_pid_of(fds[1])
-            job._started_at = time.time()
-            # Closing the hold pipe (see Job._maybe_release) frees the shim for other jobs.
-            job._hold_fd = fds.pop(2)
-            if job.want_pid:
-                job.pid = host_pid_of(fds[0])
-                # A byte tells the shim that we have read the command's host pid: it may reap
-                # the command now. (A wakeup of the shim we spare jobs that do not need it.)
-                try:
-                    os.write(job._hold_fd, b"!")
-                except OSError:
-                    pass  # the shim is gone
-            if job._abandoned:
-                try:
-                    signal.pidfd_send_signal(fds[0], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                # And whatever it started meanwhile: nobody will ever ask for it.
-                self._tasks.start_soon(self._end_abandoned, job)
-            job._answered.set()
-        elif op == "error" and not job._answered.is_set():
-            job._error = str(msg.get("message") or "the launcher could not start the command")
-            job._error_limit = bool(msg.get("limit"))
-            job._unstarted = bool(msg.get("unstarted"))
-            del self._jobs[job.job]
-            job._answered.set()
-        elif op == "exited" and not job._answered.is_set():
-            # The shim died (or was killed, stopped by its command) between starting the
-            # command and saying so; the launcher ended what it had started and reports it.
-            # The call gets the command's end, without its pids.
-            job.exit_code = msg.get("code")
-            job.signal = msg.get("signal")
-            job._reported = True
-            job.exited.set()
-            del self._jobs[job.job]
-            job.done.set()
-            job._answered.set()
-        elif op == "exited":
-            job.exit_code = msg.get("code")
-            job.signal = msg.get("signal")
-            job._reported = True
-            job.lost = False
-            job.exited.set()
-            if msg.get("done"):
+        spawning = job.state is JobState.SPAWNING
+        match msg:
+            case Started() if spawning and len(fds) >= 3:
+                # Closing the hold pipe (see Job) frees the shim for other jobs.
+                job.started(host_pid_of(fds[1]), fds.pop(2),
+                            host_pid_of(fds[0]) if job.want_pid else -1)
+                if job.abandoned:
+                    try:
+                        signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    # And whatever it started meanwhile: nobody will ever ask for it.
+                    self._tasks.start_soon(self._end_abandoned, job)
+            case Failed() if spawning:
                 del self._jobs[job.job]
-                job.done.set()
-                job._maybe_release()
-        elif op == "done":
-            del self._jobs[job.job]
-            job.done.set()
-            job._maybe_release()
+                job.failed(msg.message or "the launcher could not start the command",
+                           limit=msg.limit, unstarted=msg.unstarted)
+            case Exited():
+                # Before `started`: the shim died (or was killed, stopped by its command)
+                # between starting the command and saying so; the launcher ended what it had
+                # started and reports it. The call gets the command's end, without its pids.
+                if spawning or msg.done:
+                    del self._jobs[job.job]
+                job.ended(msg.code, msg.signal, done=msg.done)
+            case Done():
+                del self._jobs[job.job]
+                job.finished()
 
     async def _end_abandoned(self, job: Job) -> None:
         with trio.CancelScope(shield=True), job.holding_tree() as shim_pid:
@@ -255,12 +231,7 @@ class Launcher:
         self._death = reason
         self.alive = False
         for job in self._jobs.values():
-            if not job.exited.is_set():
-                job.lost = True
-                job.exited.set()
-            job.done.set()
-            job._maybe_release()
-            job._answered.set()
+            job.launcher_died()
         for event in self._pongs.values():
             event.set()
 
@@ -313,9 +284,7 @@ class Launcher:
         self._check_alive()
         job = Job(next(self._numbers), [str(a) for a in argv], want_pid, held)
         self._jobs[job.job] = job
-        msg = {"op": "spawn", "job": job.job, "argv": job.argv, "cwd": cwd, "env": dict(env),
-               "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()},
-               "ack": want_pid}
+        msg = spawn_message(job.job, job.argv, cwd, env, rlimits, ack=want_pid)
         try:
             await self._send(msg, fds, spawn=True)
         except BaseException:
@@ -327,27 +296,27 @@ class Launcher:
             # a command between its fork and its exec, which its shim waits for.
             while True:
                 with trio.move_on_after(SPAWN_STALL_S):
-                    await job._answered.wait()
-                if job._answered.is_set():
+                    await job.answered.wait()
+                if job.answered.is_set():
                     break
                 await trio.to_thread.run_sync(self._wrapper.resume_stopped_spawns)
         except BaseException:
             # Cancelled after the request went out: the command may start anyway, with nobody
             # left to stop it, so it is killed as soon as it does (see _dispatch); if it has
             # started already, now.
-            job._abandoned = True
-            job.let_go()
-            if job._answered.is_set() and job._error is None and self._tasks is not None:
+            job.abandon()
+            if job.answered.is_set() and job.failure is None and self._tasks is not None:
                 self._tasks.start_soon(self._end_abandoned, job)
             raise
-        if job._error is not None or (job.shim_pid == -1 and not self.alive):
+        failure = job.failure
+        if failure is not None or (job.shim_pid == -1 and not self.alive):
             job.let_go()  # nobody gets the job to let it go later
-        if job._unstarted and not last_try:
+        if failure is not None and failure.unstarted and not last_try:
             return None
-        if job._error is not None:
-            raise (LauncherLimit if job._error_limit else LauncherError)(job._error)
+        if failure is not None:
+            raise (LauncherLimit if failure.limit else LauncherError)(failure.message)
         if job.shim_pid == -1 and not self.alive:
-            job._abandoned = True
+            job.abandon()
             raise LauncherDied(self._death or "the sandbox launcher died")
         return job
 
@@ -357,7 +326,7 @@ class Launcher:
         n = next(self._numbers)
         event = self._pongs[n] = trio.Event()
         try:
-            await self._send({"op": "ping", "n": n})
+            await self._send(ping_message(n))
             await event.wait()
         finally:
             self._pongs.pop(n, None)

@@ -255,7 +255,7 @@ class Wrapper:
             try:
                 proc = psutil.Process(job.shim_pid)
                 if (self.launcher_py in proc.cmdline()
-                        and proc.create_time() <= job._started_at + 0.05):
+                        and proc.create_time() <= job.started_at + 0.05):
                     shims.append(job.shim_pid)
             except psutil.Error:
                 pass

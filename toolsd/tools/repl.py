@@ -65,6 +65,7 @@ import trio
 
 from driver import NODE_REPL, PYTHON_REPL
 from toolsd.sandbox import proctree
+from toolsd.sandbox.channel import Ready
 from toolsd.sandbox.jobs import end_tree, pump, spawn_with_pipe
 from toolsd.tools.interpreter import Interpreter
 from toolsd.tools.output import Ring
@@ -96,10 +97,10 @@ async def execute(session, p: ReplExecParams) -> ReplExecResult:
     turn = session.turn(p.turn)
     repl = turn.repls.get(p.language)
     if repl is None:
-        argv = interpreter_argv(session.launcher.info, p.language)
+        argv = interpreter_argv(session.launcher.ready, p.language)
         if p.language == "python":
             argv.append(posixpath.join(session.spills.visible, FIGURES_FOLDER))
-            if session.launcher.info.get("python3"):
+            if session.launcher.ready.python3:
                 argv[0] = await python_executable(session, argv[0])
         repl = turn.repls.get(p.language)  # another call may have made it meanwhile
         if repl is None:
@@ -136,13 +137,13 @@ async def python_executable(session, python3: str) -> str:
     return session.python_exe
 
 
-def interpreter_argv(info: dict, language: str) -> list[str]:
+def interpreter_argv(ready: Ready, language: str) -> list[str]:
     """The driver's command line: python on the sandbox's python3 (the user's packages are
     there), else the daemon's own interpreter; node only where the sandbox has one."""
     if language == "python":
-        return [info.get("python3") or sys.executable, DRIVERS["python"]]
+        return [ready.python3 or sys.executable, DRIVERS["python"]]
     if language == "node":
-        node = info.get("node")
+        node = ready.node
         if not node:
             raise ToolsdError(BAD_PARAMS, "language 'node' is not available: there is no node "
                               "on this session's PATH; install Node.js or use language "

@@ -110,8 +110,8 @@ async def read(session, p: ImageReadParams) -> ImageReadResult:
 async def _read_in_sandbox(session, path: str) -> bytes:
     """The bytes of `path` read by `head` inside the session's sandbox, at most READ_CAP.
     stdout and stderr get separate pipes, so an error text is never taken for file data."""
-    info = session.launcher.info
-    sh = info.get("sh") or info.get("bash")
+    ready = session.launcher.ready
+    sh = ready.sh or ready.bash
     if not sh:
         raise ToolsdError(SANDBOX_UNAVAILABLE, "the sandbox has no sh to read files with")
     env = {**session.env, "LC_ALL": "C"}
