@@ -3,6 +3,7 @@ its pump and watch tasks, interrupts, and its end."""
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 import os
@@ -29,9 +30,57 @@ DRAIN_S = 0.5
 WAKE_SIGNAL = signal.SIGURG
 
 
+class Sending(enum.Enum):
+    """How much of the request in flight the command pipe has taken. Only ALL numbers the
+    request: the driver counts the lines it received.
+
+        ALL -> NONE          a request begins (ALL at start: nothing to send)
+        NONE -> NONE         another begins; the last was cancelled before its first byte
+        NONE -> SOME | ALL   the pipe takes part of it, or all
+        SOME -> ALL
+    """
+
+    NONE = "none"
+    SOME = "some"
+    ALL = "all"
+
+
+_SENDING_MOVES = {
+    Sending.ALL: {Sending.NONE},
+    Sending.NONE: {Sending.NONE, Sending.SOME, Sending.ALL},
+    Sending.SOME: {Sending.ALL},
+}
+
+
+class Life(enum.Enum):
+    """Whether the interpreter can still answer: anything but RUNNING makes it `gone`, and so
+    does its exit, read from its Job (not copied here: that would wait for the watch task).
+
+        RUNNING -> OUTPUT_CLOSED     its output reached EOF
+        RUNNING | OUTPUT_CLOSED -> KILLING -> KILLED
+    """
+
+    RUNNING = "running"
+    OUTPUT_CLOSED = "output closed"
+    KILLING = "killing"
+    KILLED = "killed"
+
+
+_LIFE_MOVES = {
+    Life.RUNNING: {Life.OUTPUT_CLOSED, Life.KILLING},
+    Life.OUTPUT_CLOSED: {Life.KILLING},
+    Life.KILLING: {Life.KILLED},
+    Life.KILLED: set(),
+}
+
+
 class Interpreter:
     """One driver process: its job, the command and interrupt pipes, the framing state, the
-    pump task, and the watch task (its exit, and the deadline of a request without a task)."""
+    pump task, and the watch task (its exit, and the deadline of a request without a task).
+
+    Two states, each with its one move: `sent` (Sending) for the request in flight, `life`
+    (Life) for the interpreter. `_killed` is set on entering KILLED; `eof` whenever the output
+    ends, killed or not (kill waits for it)."""
 
     def __init__(self, job, cmd_fd: int, intr_fd: int, idle_sink):
         self.job = job
@@ -39,7 +88,8 @@ class Interpreter:
         self.scanner = SentinelScanner(self.uuid)
         self.seq = 0
         self.sentinel: Sentinel | None = None
-        self.sent = "all"  # of the request in flight: "none", "some" or "all"
+        self.sent = Sending.ALL
+        self.life = Life.RUNNING
         self.eof = trio.Event()
         # The request in flight if no task waits for it (a Run): told of its sentinel, or
         # handed to a task when its deadline passes or the interpreter goes.
@@ -56,7 +106,6 @@ class Interpreter:
         self._alarm = trio.CancelScope()  # the watch task's wait (see _watch)
         self._alarm_at = math.inf
         self._pump_scope = trio.CancelScope()
-        self._killing = False
         self._killed = trio.Event()
         self.out_of_memory = lambda: False  # see start
         self.memory_mb = 0
@@ -94,7 +143,17 @@ class Interpreter:
     @property
     def gone(self) -> bool:
         """The interpreter exited, or closed its output (it can answer nothing more)."""
-        return self.job.exited.is_set() or self.eof.is_set() or self._killing
+        return self.life is not Life.RUNNING or self.job.has_exited
+
+    def _move(self, to: Life) -> None:
+        assert to in _LIFE_MOVES[self.life], f"interpreter: {self.life} -> {to}"
+        self.life = to
+        if to is Life.KILLED:
+            self._killed.set()
+
+    def _send_move(self, to: Sending) -> None:
+        assert to in _SENDING_MOVES[self.sent], f"request: {self.sent} -> {to}"
+        self.sent = to
 
     def how_it_ended(self) -> str:
         if self.job.lost:
@@ -115,7 +174,7 @@ class Interpreter:
         the rest). Its output goes to `sink` until its sentinel."""
         self.sentinel = None
         self._wake = trio.Event()
-        self.sent = "none"
+        self._send_move(Sending.NONE)
         self._unsent = line
         self._next_sink = sink
         self._write_some()
@@ -141,12 +200,13 @@ class Interpreter:
             except OSError:
                 return None  # EPIPE
             self._unsent = self._unsent[n:]
-            self.sent = "some"
-        if self.sent != "all":
+            if self._unsent and self.sent is Sending.NONE:
+                self._send_move(Sending.SOME)
+        if self.sent is not Sending.ALL:
             # Only now is the request numbered: the driver counts the lines it received, so
             # a request cancelled before its first byte went out must not take a number. The
             # driver cannot answer a request before reading all of it.
-            self.sent = "all"
+            self._send_move(Sending.ALL)
             self.seq += 1
             self.scanner.expect(self.seq)
             self._sink = self._next_sink
@@ -181,7 +241,7 @@ class Interpreter:
             os.write(self._intr_fd, b"%d\n" % self.seq)
         except OSError:
             pass  # gone (it is then killed), or a driver that reads no interrupts: full
-        if self.job.pid > 0 and not self.job.exited.is_set():
+        if self.job.pid > 0 and not self.job.has_exited:
             try:
                 os.kill(self.job.pid, WAKE_SIGNAL)
             except ProcessLookupError:
@@ -206,6 +266,8 @@ class Interpreter:
             if rest:
                 self._sink(rest)
             self.eof.set()
+            if self.life is Life.RUNNING:
+                self._move(Life.OUTPUT_CLOSED)
             self._wake.set()
             self._hand_over()
 
@@ -245,10 +307,10 @@ class Interpreter:
         """End the interpreter's whole tree and its pump; idempotent, shielded. How many
         processes of its tree other than the interpreter this call ended."""
         with trio.CancelScope(shield=True):
-            if self._killing:
+            if self.life in (Life.KILLING, Life.KILLED):
                 await self._killed.wait()
                 return 0
-            self._killing = True
+            self._move(Life.KILLING)
             self._wake.set()
             self._hand_over()
             try:
@@ -257,7 +319,7 @@ class Interpreter:
                 os.close(fd)
                 fd, self._intr_fd = self._intr_fd, -1
                 os.close(fd)
-                running = int(not self.job.exited.is_set())
+                running = int(not self.job.has_exited)
                 ended, _survivors = await end_tree(self.job, 0)
                 # Every writer is dead: the pipe's rest is there to read at once, unless a
                 # descriptor escaped the tree; then we stop reading anyway.
@@ -266,4 +328,4 @@ class Interpreter:
                 self._pump_scope.cancel()
                 return max(0, ended - running)
             finally:
-                self._killed.set()
+                self._move(Life.KILLED)

@@ -67,7 +67,7 @@ from driver import NODE_REPL, PYTHON_REPL
 from toolsd.sandbox import proctree
 from toolsd.sandbox.channel import Ready
 from toolsd.sandbox.jobs import end_tree, pump, spawn_with_pipe
-from toolsd.tools.interpreter import Interpreter
+from toolsd.tools.interpreter import Interpreter, Sending
 from toolsd.tools.output import Ring
 from toolsd.tools.repl_run import Run
 from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
@@ -233,7 +233,7 @@ class Repl:
 
         detached.rest = rest
         run.detached = detached
-        if interp.sent == "all":
+        if interp.sent is Sending.ALL:
             interp.wait_detached(run)
         else:
             detached.escalate()  # the pipe is full, or the interpreter gone: a task sees to it
@@ -294,10 +294,10 @@ class Repl:
         interpreter does not answer within GRACE_S."""
         interp = run.interp
         why = f"timed out after {timeout_s:g} s" if timeout_s is not None else "cancelled"
-        if interp.sent == "none" and not interp.gone:
+        if interp.sent is Sending.NONE and not interp.gone:
             # The request never reached the interpreter: nothing to undo.
             return "timeout", False, f"[{why} before the code was sent]", 0
-        interrupted = interp.sentinel is None and interp.sent == "all" and not interp.gone
+        interrupted = interp.sentinel is None and interp.sent is Sending.ALL and not interp.gone
         signalled = frozenset()
         ended = 0
         if interrupted:
@@ -322,7 +322,7 @@ class Repl:
         others = await interp.kill()
         if interrupted:
             how = f"the interpreter did not stop within {GRACE_S:g} s and was killed"
-        elif interp.sent == "some":
+        elif interp.sent is Sending.SOME:
             how = "only part of the code had reached the interpreter, which was killed"
         else:
             how = f"the interpreter died ({interp.how_it_ended()})"
