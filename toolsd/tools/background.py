@@ -14,6 +14,7 @@ removes the log file.
 
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import os
@@ -51,7 +52,39 @@ EXIT_DRAIN_S = 0.1
 COMMAND_SHOWN_CHARS = 4096
 
 
+class ProcessState(enum.Enum):
+    """Where a background process is in its life, as its task (`watch`) sees it.
+
+        RUNNING -> EXITED -> FINISHED -> RETIRED -> FORGOTTEN
+        RUNNING | EXITED -> RETIRED      its task was cancelled (the session closed)
+
+    EXITED: its exit was seen (`ended_at` set). FINISHED: its last output is read, or the
+    drain time after the exit is over. RETIRED: ring shrunk, log sealed (see _retire).
+    FORGOTTEN: dropped from the registry; the task ends and removes the log. `status` and
+    `running` do not wait for EXITED: they read the Job, which knows the exit first."""
+
+    RUNNING = "running"
+    EXITED = "exited"
+    FINISHED = "finished"
+    RETIRED = "retired"
+    FORGOTTEN = "forgotten"
+
+
+_MOVES = {
+    ProcessState.RUNNING: {ProcessState.EXITED, ProcessState.RETIRED},
+    ProcessState.EXITED: {ProcessState.FINISHED, ProcessState.RETIRED},
+    ProcessState.FINISHED: {ProcessState.RETIRED},
+    ProcessState.RETIRED: {ProcessState.FORGOTTEN},
+    ProcessState.FORGOTTEN: set(),
+}
+
+
 class BackgroundProcess:
+    """One background command. Its state (ProcessState) moves only in `_move`, which sets the
+    events that waiters use: `finished` on entering FINISHED or RETIRED, `_forgotten` on
+    entering FORGOTTEN. `output_done` is the pipe's own: it may reach EOF before the exit.
+    `stopped` is not a state but how it ended: by our signals rather than on its own."""
+
     def __init__(self, process_id: str, session, command: str, name: str, job,
                  log_file: CappedLog, oom_kills_before: int | None = None):
         self.id = process_id
@@ -69,19 +102,34 @@ class BackgroundProcess:
         # Stops under way, which decide `stopped` when they end (see settled).
         self._stops = 0
         self._stops_over = trio.Event()
-        self.retired = False  # finished and drained: ring shrunk, log sealed (see _retire)
+        self.state = ProcessState.RUNNING
         self.output_done = trio.Event()  # the pipe reached EOF (or the session ended)
         self.finished = trio.Event()  # exited, and its last output read (or drain time over)
         self._changed = trio.Event()
-        self._forgotten = trio.Event()  # dropped from the registry: the task may end
+        self._forgotten = trio.Event()
         self._oom_kills_before = oom_kills_before  # the session's, as it started
         self._cpu_samples: dict[int, tuple[psutil.Process, float, float]] = {}
 
     # ------------------------------------------------------------ state
 
+    def _move(self, to: ProcessState) -> None:
+        assert to in _MOVES[self.state], f"{self.id}: {self.state} -> {to}"
+        self.state = to
+        if to is ProcessState.EXITED:
+            self.ended_at = time.time()
+        elif to in (ProcessState.FINISHED, ProcessState.RETIRED):
+            self.finished.set()
+        elif to is ProcessState.FORGOTTEN:
+            self._forgotten.set()
+
+    @property
+    def retired(self) -> bool:
+        """Finished and drained: ring shrunk, log sealed (see _retire)."""
+        return self.state in (ProcessState.RETIRED, ProcessState.FORGOTTEN)
+
     @property
     def running(self) -> bool:
-        return not self.job.exited.is_set()
+        return not self.job.has_exited
 
     @property
     def status(self) -> str:
@@ -125,7 +173,7 @@ class BackgroundProcess:
 
     async def _wait_exit(self) -> None:
         await self.job.exited.wait()
-        self.ended_at = time.time()
+        self._exit_seen()
         self._notify()
         with trio.move_on_after(EXIT_DRAIN_S):
             await self.output_done.wait()
@@ -134,17 +182,20 @@ class BackgroundProcess:
             # In its output, where a reader (and `toolsd logs`) meets it right at the end.
             last, _, _ = self.ring.read(self.ring.end - 1, 1) if self.ring.end else (b"\n", 0, 0)
             self.feed((b"" if last == b"\n" else b"\n") + note.encode() + b"\n")
-        self.finished.set()
+        self._move(ProcessState.FINISHED)
         self._notify()
+
+    def _exit_seen(self) -> None:
+        if self.state is ProcessState.RUNNING:
+            self._move(ProcessState.EXITED)
 
     def _retire(self) -> None:
         """Release what a finished process no longer needs: memory beyond a short tail of its
         output, and the log's descriptors (the file stays readable until _drop_log)."""
         if self.retired:
             return
-        self.retired = True
+        self._move(ProcessState.RETIRED)
         self.output_done.set()
-        self.finished.set()
         if self.ended_at is None:
             self.ended_at = time.time()
         if self.log is not None:
@@ -153,8 +204,9 @@ class BackgroundProcess:
         self._notify()
 
     def forget(self) -> None:
-        """Called once the registry dropped it: its task ends and removes the log."""
-        self._forgotten.set()
+        """Called once the registry dropped it (retired): its task ends and removes the
+        log."""
+        self._move(ProcessState.FORGOTTEN)
 
     def _drop_log(self) -> None:
         if self.log is not None:
@@ -224,8 +276,8 @@ class BackgroundProcess:
         # a start right after a stop finds the room the stop made.
         with trio.move_on_after(EXIT_DRAIN_S + 1):
             await self.finished.wait()
-        if self.ended_at is None and not self.running:
-            self.ended_at = time.time()
+        if not self.running:
+            self._exit_seen()
         return ProcessStopResult(id=self.id, status=self.status, exit_code=self.job.exit_code,
                                  signal=signal_name(self.job.signal), ended=ended,
                                  survivors=survivors)
