@@ -1,3 +1,19 @@
+# Sections of this file, in order:
+#   the channel's format and the launcher's design (the docstring below)
+#   constants: JSON escapes, prctl numbers, message sizes, signals, names, the shared SLOT
+#   the C library through _ctypes: libc_function, prctl, set_name, set_command_line_name,
+#     dup_above, ioprio
+#   framing: to_json, send, pack_fds, fds_of, refuse_truncated, recv_into, recv
+#   process helpers: which, child_map, descendants, reap_nohang, children_left, signal_pid,
+#     kill_everything
+#   limits: StartError, read_self, own_state, state_items, REFERENCE, Tampered, Limits
+#   the shim's job: start_command, WARMUP_REQUEST, warm_up, claim, take_job, exit_message,
+#     exit_message_of_status, tell, run_job, wait_release, set_policy
+#   run_shim: a shim's body, job after job
+#   Shim: the launcher's hold on one forked shim
+#   Launcher: fork_shim, promote, refill, replace_reader, read_words, reap, kill_orphans,
+#     serve_waiting_request, serve
+#   main
 """The launcher: first process of a toolsd sandbox. Standard library only; run as
 `python3 -I -S launcher.py FD SPAWN_FD`, FD being our end of the control channel and SPAWN_FD
 our end of the spawn channel: two SOCK_SEQPACKET socketpairs whose other ends the daemon holds.
@@ -14,7 +30,7 @@ and every shim write to the control channel without a lock.
                          error, exited ("done": true when nothing of the tree is left), done
     shim -> launcher:    "took", "idle" or "retire" on its private socketpair; the job it
                          takes in shared memory
-    launcher -> standby: "go" + the JSON list of jobs to drop, on its private socketpair
+    launcher -> standby: "go" + the marshalled list of jobs to drop, on its private socketpair
 
 A shim is a forked copy of the launcher that is the subreaper ancestor of one command's tree at
 a time: whatever the command leaves behind (setsid, double fork) reparents to the shim, so the
@@ -58,7 +74,7 @@ interpreter's, so that `pkill -9 -f python` passes them by.
 
 # Modules are chosen for the launcher's start time, which every session.open waits for: the
 # C modules under socket, signal and json, since their Python layers import enum and re, which
-# cost more than the rest of the start together.
+# cost more than what they are used for.
 import _signal
 import _ctypes
 import _socket as socket
@@ -71,7 +87,7 @@ import select
 import sys
 
 # JSON string escapes: control characters, the quote and the backslash. (Not _json's encoder:
-# loading an extension module costs the launcher's start ~0.6 ms, and our strings are short.)
+# loading an extension module adds to the launcher's start, and our strings are short.)
 _JSON_ESCAPES = {i: "\\u%04x" % i for i in range(0x20)}
 _JSON_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
 
@@ -119,7 +135,7 @@ MAX_READER_DEATHS = 3
 CLAIMED, SPAWNING = 1, 2
 class _Slot:
     """Three int64 in shared memory, written in one copy (struct's packing, without the
-    struct module: each extension module loaded costs the launcher's start ~0.5 ms)."""
+    struct module: each extension module loaded adds to the launcher's start)."""
 
     size = 24
 
@@ -143,7 +159,7 @@ class Long(_ctypes._SimpleCData):
 
 def libc_function(name):
     """A function of the C library returning int, through _ctypes: the ctypes package would
-    cost the launcher's start ~5 ms, its Python layer being all we skip here."""
+    add its Python layer, all we skip here, to the launcher's start."""
     class Int(_ctypes._SimpleCData):
         _type_ = "i"
 
@@ -546,7 +562,7 @@ WARMUP_REQUEST = marshal.dumps({
 def warm_up():
     """Run the spawn path's Python once on a made-up request while we wait for a real one. A
     forked shim shares its memory with the launcher and the first write to each shared page
-    copies it (about 6 us a page here): paid now, not on the spawn's critical path."""
+    copies it: paid now, not on the spawn's critical path."""
     req = marshal.loads(WARMUP_REQUEST)
     which("warm-up-no-such-program", req["env"]["PATH"])
     own_state() != REFERENCE
@@ -768,7 +784,7 @@ def run_shim(host, spawn, private, lost, slot, standby):
     except BaseException:
         code = 70
         try:
-            import traceback  # only now: it costs the launcher's start ~5 ms
+            import traceback  # only now: it would add to the launcher's start
             traceback.print_exc()
             sys.stderr.flush()
         except BaseException:
@@ -814,7 +830,7 @@ class Launcher:
     fork), and a shim whose job is over becomes a standby. A fork happens when there is no
     standby to promote: at start, when jobs overlap, or when shims died or retired; the
     standby is then refilled when a shim exits, the likeliest quiet moment, since a fork costs
-    about 1 ms of CPU and on a spawn's critical path it slows the command and the daemon's
+    CPU and on a spawn's critical path it slows the command and the daemon's
     reply. We run with the batch policy, so that a fork never preempts a spawn's processes on
     wakeup; shims switch back before they wait."""
 
@@ -851,8 +867,8 @@ class Launcher:
             try:
                 _signal.set_wakeup_fd(-1)
                 # _signal, not signal: the wrapper turns the old handler (ours, a function)
-                # into an enum through a raised ValueError, which costs a shim ~100 copied
-                # pages (0.5 ms) of the memory it shares with us.
+                # into an enum through a raised ValueError, which costs a shim copied pages
+                # of the memory it shares with us.
                 _signal.signal(SIGCHLD, _signal.SIG_DFL)
                 set_name(SHIM_NAME)
                 if COMMAND_LINE is not None:

@@ -212,8 +212,8 @@ class _Interrupts:
         signal.signal(WAKE_SIGNAL, self._wake)
 
     def reclaim(self):
-        # _signal's getsignal: the enum that signal's own wraps its answer in was a third
-        # of what a small request cost the driver.
+        # _signal's getsignal: the enum that signal's own wraps its answer in costs more
+        # than a small request's own work.
         if _signal.getsignal(signal.SIGINT) is not self._handle:
             current = signal.getsignal(signal.SIGINT)
             self.user_handler = None if current is signal.default_int_handler else current

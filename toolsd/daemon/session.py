@@ -114,8 +114,7 @@ class Session:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
         try:
             # A policy the sandbox cannot mount is refused here, not later. Kept for the
-            # start, a millisecond away: made again, it cost as much as the rest of the
-            # daemon's part of session.open.
+            # start, so that it is not made twice.
             self.policy = session_policy(
                 workspace=self.workspace, scratch=self.scratch, writable=self.writable,
                 network=self.network, view=view, env=self.env, home_dir=self.home_dir)

@@ -1,7 +1,7 @@
 """Warm spares: a sandbox started ahead for the next session.open.
 
-Starting a sandbox is most of session.open: bwrap and the launcher's Python, some 40 ms
-here. After each session.open one more sandbox is started for the same parameters and
+Starting a sandbox is most of session.open: bwrap and the launcher's Python (README, "What
+it costs"). After each session.open one more sandbox is started for the same parameters and
 kept unregistered; the next session.open that asks for exactly that sandbox (the same
 policy, limits, and the same folders at its paths) takes it as it is. An agent opens
 its sessions on one workspace over and over.
@@ -30,8 +30,7 @@ log = logging.getLogger("toolsd.supervisor")
 # launcher found on PATH when it started grows stale.
 SPARE_MAX_AGE_S = 300.0
 # How long after a session.open its spare is started: a new session's first commands come
-# right away, and a sandbox starting next to them on a small machine slows them down (the
-# first shell.run of a session took 8 ms instead of 4 here).
+# right away, and a sandbox starting next to them on a small machine slows them down.
 SPARE_DELAY_S = 0.5
 
 

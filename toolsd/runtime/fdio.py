@@ -19,18 +19,17 @@ import trio
 
 # What one read asks for, at most. A read first makes a bytes object of the size asked, then
 # shrinks it; over glibc's mmap threshold (128 KiB unless raised) that is an mmap, an mremap
-# and a munmap per read, and fresh pages to fault in. Whether it happens depends on the
-# process's allocation history: a client process here made those three calls on each of
-# 3000 repl.execs asking 256 KiB, none asking 64 KiB (strace -c). A pipe holds 64 KiB unless
-# resized, so a flood loses nothing.
+# and a munmap per read, and fresh pages to fault in, depending on the process's allocation
+# history; 64 KiB stays under it. A pipe holds 64 KiB unless resized, so a flood loses
+# nothing.
 READ_SIZE = 64 * 1024
 
 
 class FdReader:
     """`wait_after_short`: after a read that took less than it asked, the next read waits for
     the descriptor first rather than failing with EAGAIN (a system call and an exception
-    saved). Right where data comes in separate bursts, like a command's output; measured
-    slower on the client socket, where the next request often follows the reply at once."""
+    saved). Right where data comes in separate bursts, like a command's output; slower on the
+    client socket, where the next request often follows the reply at once."""
 
     def __init__(self, fd: int, *, wait_after_short: bool = False):
         self.fd = fd

@@ -6,8 +6,8 @@ import marshal
 import os
 
 # Runs the launcher from code compiled by the daemon and handed over on stdin: run as a script,
-# launcher.py would be compiled afresh by every session start (no .pyc for a script), a third
-# of the launcher's start. argv stays [launcher.py, FD, SPAWN_FD], as for the script.
+# launcher.py would be compiled afresh by every session start (no .pyc for a script), a large
+# part of the launcher's start. argv stays [launcher.py, FD, SPAWN_FD], as for the script.
 BOOTSTRAP = "import marshal,sys;sys.argv=sys.argv[1:];exec(marshal.loads(sys.stdin.buffer.read()))"
 _compiled: dict[tuple[str, int, int], bytes] = {}
 

@@ -27,7 +27,7 @@ SHIM_NAME = "toolsd-shim"
 def host_pid_of(pidfd: int) -> int:
     """The pid a pidfd refers to, in the host's pid namespace (fdinfo is rendered for the
     namespace of the procfs we read, and ours is the host's)."""
-    # Raw os calls: this runs on every spawn's critical path, and a text file costs 3x more.
+    # Raw os calls, not a text file: this runs on every spawn's critical path.
     try:
         fd = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
         try:

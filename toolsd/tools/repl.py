@@ -119,7 +119,7 @@ def start_detached(session, p: ReplExecParams, detached) -> bool:
 
 async def python_executable(session, python3: str) -> str:
     """The real interpreter behind the sandbox's `python3`, asked once per session. It is
-    often a wrapper script (a pyenv shim costs some 0.2 s of bash per start), and every turn
+    often a wrapper script (a pyenv shim runs bash on every start), and every turn
     starts a fresh interpreter. Asked in the workspace, as version files there may pick it."""
     if session.python_exe is None:
         job, read_fd = await spawn_with_pipe(
@@ -189,8 +189,8 @@ class Repl:
 
     async def execute(self, session, p: ReplExecParams) -> ReplExecResult:
         started = time.monotonic()
-        # A free lock is taken without a trip through trio's scheduler (about 10 us on a
-        # slow machine, against some 200 us for the whole driver round trip).
+        # A free lock is taken without a trip through trio's scheduler, a sizeable part of
+        # the whole driver round trip.
         if self._lock.value:
             self._lock.acquire_nowait()
         else:

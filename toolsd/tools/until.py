@@ -19,7 +19,7 @@ def _re2_options(max_mem: int):
     return options
 
 
-# Compiling holds the interpreter for as long as it takes (a third of a second for \pL{300}):
+# Compiling holds the interpreter for as long as it takes (long, for a big Unicode class):
 # a probe with little memory refuses a huge program within milliseconds, and only a pattern
 # that passes is compiled for searching, with room for RE2's DFA cache (each search's own:
 # nothing is cached across requests, so hostile patterns cannot pile up memory).

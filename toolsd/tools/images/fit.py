@@ -123,7 +123,7 @@ def fit_image(
     target = (max(1, round(stored_w * scale)), max(1, round(stored_h * scale)))
     if fmt in ("JPEG", "MPO") and not keep_candidate:
         # Let libjpeg decode at 1/2, 1/4 or 1/8 scale: a 4000x3000 photo bound for 1568 px
-        # decodes at 2000x1500, several times faster and with a quarter of the memory.
+        # decodes at 2000x1500, faster and with a quarter of the memory.
         im.draft("RGB", target)
     try:
         frames = getattr(im, "n_frames", 1)

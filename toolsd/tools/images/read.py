@@ -78,8 +78,8 @@ async def read(session, p: ImageReadParams) -> ImageReadResult:
             f"max_bytes {p.max_bytes} would not fit in a reply frame of this daemon "
             f"(--max-frame {max_frame}); ask for at most {max_frame - _REPLY_OVERHEAD}",
         )
-    # The slot covers the read too: 20 concurrent reads of a 60 MB file once held 1.2 GB of
-    # file bytes while waiting for a decode slot.
+    # The slot covers the read too: else concurrent reads would hold their whole files
+    # while waiting for a decode slot.
     try:
         async with threads.limiter("image_decode", DECODE_SLOTS):
             data = await _read_in_sandbox(session, p.path)
