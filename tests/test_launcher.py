@@ -798,7 +798,7 @@ async def test_a_cancelled_spawn_ends_the_whole_tree_it_started(nursery, wrapper
 
         def sleeps():
             return [p for p in psutil.Process(launcher.host_pid).children(recursive=True)
-                    if "sleep" in p.name()]
+                    if "sleep" in name_of(p)]
 
         with trio.fail_after(20):  # a bound, not a speed: without the fix they stay for good
             while not sleeps():
@@ -855,11 +855,19 @@ async def test_a_spawn_cancelled_as_its_start_is_reported_ends_the_tree(launcher
 
     def sleeps():
         return [p for p in psutil.Process(launcher.host_pid).children(recursive=True)
-                if p.name() in ("sh", "sleep") and not has_exited(p)]
+                if name_of(p) in ("sh", "sleep") and not has_exited(p)]
 
     with trio.fail_after(20):  # a bound, not a speed: without the fix they stay for good
         while sleeps():
             await trio.sleep(0.05)
+
+
+def name_of(proc: psutil.Process) -> str:
+    """The process's name, or "" once it is gone: a child listed a moment ago may have exited."""
+    try:
+        return proc.name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def has_exited(proc: psutil.Process) -> bool:
