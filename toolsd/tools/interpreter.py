@@ -174,6 +174,7 @@ class Interpreter:
         the rest). Its output goes to `sink` until its sentinel."""
         self.sentinel = None
         self._wake = trio.Event()
+        self._signal(signal.SIGCONT)
         self._send_move(Sending.NONE)
         self._unsent = line
         self._next_sink = sink
@@ -241,9 +242,16 @@ class Interpreter:
             os.write(self._intr_fd, b"%d\n" % self.seq)
         except OSError:
             pass  # gone (it is then killed), or a driver that reads no interrupts: full
+        self._signal(signal.SIGCONT)
+        self._signal(WAKE_SIGNAL)
+
+    def _signal(self, sig: int) -> None:
+        """Signal the interpreter while it runs. SIGCONT before each request and interrupt:
+        the session's own code may have stopped it (`kill -STOP -1`), and a stopped
+        interpreter would time out and be killed, losing its state."""
         if self.job.pid > 0 and not self.job.has_exited:
             try:
-                os.kill(self.job.pid, WAKE_SIGNAL)
+                os.kill(self.job.pid, sig)
             except ProcessLookupError:
                 pass
 
