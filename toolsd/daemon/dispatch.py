@@ -14,7 +14,6 @@ import trio
 from toolsd.tools import images, processes, repl, shell
 from toolsd.wire.protocol import (
     FEATURES,
-    UNSET,
     CancelParams,
     HelloParams,
     HelloResult,
@@ -24,7 +23,6 @@ from toolsd.wire.protocol import (
     ProcessStartParams,
     ProcessStopParams,
     ReplExecParams,
-    SessionInfo,
     SessionListParams,
     SessionListResult,
     SessionOpenParams,
@@ -63,14 +61,7 @@ async def session_close(sup, p: SessionParams):
 
 
 async def session_list(sup, p: SessionListParams) -> SessionListResult:
-    return SessionListResult(sessions=[
-        SessionInfo(session=s.id, workspace=s.workspace, sandbox=s.sandbox_kind,
-                    network=s.network, writable=s.writable,
-                    processes=sum(1 for bg in s.processes.values() if bg.running),
-                    repls=sum(len(t.repls) for t in s.turns.values()), opened_at=s.opened_at,
-                    alive=s.alive, host_exec=s.repositories.last_seen() or UNSET)
-        for s in sup.sessions.values() if not s.closed
-    ])
+    return SessionListResult(sessions=[s.info() for s in sup.open_sessions()])
 
 
 async def turn_begin(sup, p: SessionParams) -> TurnBeginResult:

@@ -14,12 +14,14 @@ import shutil
 import sys
 import time
 import uuid
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import trio
 
 from toolsd.daemon.activity import Activity
+from toolsd.daemon.turn import Turn
 from toolsd.sandbox import cgroups, home
-from toolsd.sandbox.guards import GUARD_CHECK_S, MountGuard
+from toolsd.sandbox.guards import MountGuard
 from toolsd.sandbox.launcher import Launcher, LauncherError
 from toolsd.sandbox.repositories import RepositoryWatch
 from toolsd.sandbox.policy import Limits, bwrap_argv, check_env_size, sandbox_env, validate_env
@@ -37,21 +39,23 @@ from toolsd.wire.protocol import (
     SANDBOX_UNAVAILABLE,
     SESSION_CLOSED,
     UNSET,
+    SessionCloseResult,
+    SessionInfo,
+    SessionOpenParams,
     ToolsdError,
 )
 from toolsd.tools.spill import Spills
 
+if TYPE_CHECKING:
+    from toolsd.daemon.supervisor import Supervisor
+    from toolsd.sandbox.job import Job
+    from toolsd.tools.background import BackgroundProcess
+
 log = logging.getLogger("toolsd.session")
 
 
-class Turn:
-    def __init__(self, turn_id: str):
-        self.id = turn_id
-        self.repls: dict = {}  # language -> Repl
-
-
 class Session:
-    def __init__(self, session_id: str, supervisor, params):
+    def __init__(self, session_id: str, supervisor: Supervisor, params: SessionOpenParams):
         self.id = session_id
         self.supervisor = supervisor
         self.workspace = check_workspace(params.workspace)
@@ -74,17 +78,19 @@ class Session:
                               "daemon has none (toolsd doctor says why); install bubblewrap")
         self.opened_at = time.time()
         self.turns: dict[str, Turn] = {}
-        self.processes: dict = {}  # bgN -> BackgroundProcess
+        # bgN -> BackgroundProcess, in start order: Supervisor.add_process writes it.
+        self.processes: dict[str, BackgroundProcess] = {}
         self.closed = False
         self.activity = Activity(trio.current_time())
         self.launcher: Launcher | None = None
         self.cgroup: cgroups.SessionCgroups | None = None
-        self.python_exe: str | None = None  # the real python3 of the sandbox, once asked
+        # The real python3 of the sandbox, once asked: read-only to tools (remember_python).
+        self.python_exe: str | None = None
         self.nursery: trio.Nursery | None = None
         self._close_done = trio.Event()
         self._stop = trio.Event()
         self._closing = False
-        self.close_result = None
+        self.close_result: object = None
         self.ended_why: str | None = None  # why toolsd ended the session by itself
         # What the session adds that the host's git would run.
         self.repositories = RepositoryWatch(self.workspace, self.writable, session_id)
@@ -142,36 +148,16 @@ class Session:
         config` renames a new .git/config into place), and from then on the sandbox would
         show the new file (docs/sandbox.md, "Paths replaced on the host"). `ended_why` says
         so afterwards. Cheap when nothing changed (MountGuard.check)."""
-        if self.ended_why is not None or self.closed:
-            return
-        lost = self.guard.check()
-        if lost:
-            self._end_guards_lost(lost)
+        if self.ended_why is None and not self.closed:
+            self._guards_lost(self.guard.check())
 
-    def _end_guards_lost(self, paths: list[str]) -> None:
+    def _guards_lost(self, paths: list[str]) -> None:
+        if not paths or self.ended_why is not None or self.closed:
+            return
         self.ended_why = (f"{', '.join(paths)} changed on the host while the session ran, "
                           f"and its sandbox no longer hid or protected it")
         log.warning("session %s ended: %s", self.id, self.ended_why)
         self.supervisor.nursery.start_soon(self.close)
-
-    async def _watch_guards_started(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """check_guards every GUARD_CHECK_S, for commands already running. Started (the
-        mountinfo open and read) before the session is handed out."""
-        try:
-            missing = self.guard.open(self.launcher.host_pid)
-        except OSError as e:
-            log.warning("session %s: cannot watch its mounts (%s)", self.id, e)
-            task_status.started()
-            return
-        if missing:  # replaced as the sandbox started
-            self._end_guards_lost(missing)
-        task_status.started()
-        try:
-            while not self.closed and self.ended_why is None:
-                self.check_guards()
-                await trio.sleep(GUARD_CHECK_S)
-        finally:
-            self.guard.close()
 
     def adopt(self, session_id: str) -> None:
         """A warm spare becomes session `session_id` (its scratch folder and cgroup keep
@@ -223,7 +209,8 @@ class Session:
                     log.warning("session %s runs unsandboxed: %s", self.id,
                                 self.supervisor.why_no_sandbox)
                 if self.supervisor.bwrap is not None:
-                    await nursery.start(self._watch_guards_started)
+                    await nursery.start(self.guard.watch, self.launcher.host_pid,
+                                        f"session {self.id}", self._guards_lost)
                 task_status.started(None)
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
@@ -244,8 +231,6 @@ class Session:
             return self.close_result
         self._closing = True
         self.closed = True
-        from toolsd.wire.protocol import SessionCloseResult
-
         with trio.CancelScope(shield=True):
             repls = 0
             how = f"ended: {self.ended_why}" if self.ended_why else "closed"
@@ -300,19 +285,17 @@ class Session:
         finally:
             self.activity.end(trio.current_time())
 
-    def keep_active(self, job) -> None:
+    def keep_active(self, job: Job) -> None:
         """The session is not idle until `job`'s whole tree has ended (a background process,
         with whatever it left running)."""
         self.activity.begin()
-        self.nursery.start_soon(self._active_until_done, job)
+        self.start_soon(self._active_until_done, job)
 
-    async def _active_until_done(self, job) -> None:
+    async def _active_until_done(self, job: Job) -> None:
         try:
             await job.done.wait()
         finally:
             self.activity.end(trio.current_time())
-
-    # ------------------------------------------------------------ host_exec
 
     async def reported(self, result):
         """`result` with host_exec, looked at now that its call is over: every result of a
@@ -359,19 +342,41 @@ class Session:
         return turn
 
     async def end_turn(self, turn_id: str) -> int:
-        turn = self.turn(turn_id)
-        return await self._end_turn(turn)
+        return await self._end_turn(self.turn(turn_id))
 
     async def _end_turn(self, turn: Turn, cut_off: ToolsdError | None = None) -> int:
-        """Stop the turn's REPLs; `cut_off` answers the requests they cut off (see
-        Repl.aclose)."""
         self.turns.pop(turn.id, None)
-        count = 0
-        with trio.CancelScope(shield=True):
-            for repl in list(turn.repls.values()):
-                if await repl.aclose(cut_off):
-                    count += 1
-        return count
+        return await turn.aclose(cut_off)
+
+    # ------------------------------------------------------------ what it owns
+
+    # For the Supervisor's add_process and forget_process only: they keep both in step.
+    def add_process(self, proc: BackgroundProcess) -> None:
+        self.processes[proc.id] = proc
+
+    def forget_process(self, process_id: str) -> None:
+        self.processes.pop(process_id, None)
+
+    def live_process_count(self) -> int:
+        """Background processes that have not finished (processes.MAX_LIVE_PER_SESSION)."""
+        return sum(1 for bg in self.processes.values() if not bg.finished.is_set())
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run `fn(*args)` as a task of the session: it ends when the session closes."""
+        if self.nursery is None:
+            raise ToolsdError(SESSION_CLOSED, f"session {self.id} is not running; open a new one")
+        self.nursery.start_soon(fn, *args)
+
+    def remember_python(self, path: str) -> None:  # repl.python_executable
+        self.python_exe = path
+
+    def info(self) -> SessionInfo:  # for session.list
+        return SessionInfo(
+            session=self.id, workspace=self.workspace, sandbox=self.sandbox_kind,
+            network=self.network, writable=self.writable,
+            processes=sum(1 for bg in self.processes.values() if bg.running),
+            repls=sum(t.repl_count for t in self.turns.values()), opened_at=self.opened_at,
+            alive=self.alive, host_exec=self.repositories.last_seen() or UNSET)
 
     # ------------------------------------------------------------ paths
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import time
+from typing import TYPE_CHECKING, Iterator
 
 import trio
 
@@ -22,7 +23,10 @@ from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state import StateDir
 from toolsd.sandbox import cgroups
 from toolsd.sandbox.policy import Limits
-from toolsd.wire.protocol import NOT_FOUND, SESSION_CLOSED, ToolsdError
+from toolsd.wire.protocol import NOT_FOUND, SESSION_CLOSED, SessionOpenParams, ToolsdError
+
+if TYPE_CHECKING:
+    from toolsd.tools.background import BackgroundProcess
 
 log = logging.getLogger("toolsd.supervisor")
 
@@ -43,6 +47,9 @@ class Config:
 
 # Why recently ended sessions ended, kept for calls that still name them: at most this many.
 ENDED_KEPT = 1000
+# Finished processes are remembered (status, last output) so that a stale id gets its final
+# status; past this many, the oldest finished ones are forgotten and their ids are not_found.
+MAX_REMEMBERED = 1000
 
 
 class Supervisor:
@@ -52,8 +59,10 @@ class Supervisor:
         self.state = StateDir(config.state_dir)
         self.bwrap = bwrap
         self.why_no_sandbox = why_not
-        self.sessions: dict = {}  # session id -> Session
-        self.processes: dict = {}  # "bgN" -> BackgroundProcess (alive or finished)
+        self.sessions: dict[str, Session] = {}
+        # "bgN" -> BackgroundProcess (alive or finished), in start order: add_process and
+        # forget_process write it, and its session's registry with it.
+        self.processes: dict[str, BackgroundProcess] = {}
         self.started_at = time.time()
         self.closing = False
         self.spares = SparePool(self)
@@ -93,7 +102,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ sessions
 
-    async def open_session(self, params):
+    async def open_session(self, params: SessionOpenParams) -> Session:
         if self.closing:
             raise ToolsdError(SESSION_CLOSED, "toolsd is shutting down; start it again")
         session_id = f"s{self.state.next_id('session')}"
@@ -111,7 +120,7 @@ class Supervisor:
         self.spares.make_soon(params)
         return session
 
-    def session(self, session_id: str):
+    def session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None and session_id in self._ended:
             raise ToolsdError(SESSION_CLOSED, f"session {session_id} {self._ended[session_id]}; "
@@ -124,7 +133,7 @@ class Supervisor:
             raise ToolsdError(SESSION_CLOSED, f"session {session_id} is closed; open a new one")
         return session
 
-    async def close_session(self, session_id: str):
+    async def close_session(self, session_id: str) -> object:
         session = self.session(session_id)
         result = await session.close()
         self.sessions.pop(session_id, None)
@@ -159,12 +168,48 @@ class Supervisor:
         while len(self._ended) > ENDED_KEPT:
             del self._ended[next(iter(self._ended))]
 
-    def process(self, process_id: str):
+    def open_sessions(self) -> Iterator[Session]:
+        return (s for s in self.sessions.values() if not s.closed)
+
+    # ------------------------------------------------------------ background processes
+
+    def process(self, process_id: str) -> BackgroundProcess:
         proc = self.processes.get(process_id)
         if proc is None:
             raise ToolsdError(NOT_FOUND, f"no background process {process_id!r}; "
                               f"process.list shows the known ones")
         return proc
+
+    def processes_of(self, session_id: str | None) -> list[BackgroundProcess]:
+        """The processes of one session (every session's, for None), in start order."""
+        return [bg for bg in self.processes.values()
+                if session_id is None or bg.session.id == session_id]
+
+    def new_process_id(self) -> str:
+        """An id never used before, by this daemon or an earlier one on the state folder."""
+        return f"bg{self.state.next_id('process')}"
+
+    def log_path(self, process_id: str) -> str:
+        return os.path.join(self.state.logs, f"{process_id}.log")
+
+    def add_process(self, proc: BackgroundProcess) -> None:
+        """Register a started process, with its session; then forget the oldest finished
+        ones past MAX_REMEMBERED."""
+        self.processes[proc.id] = proc
+        proc.session.add_process(proc)
+        excess = len(self.processes) - MAX_REMEMBERED
+        for process_id, old in list(self.processes.items()):
+            if excess <= 0:
+                break
+            if old.retired:
+                self.forget_process(process_id)
+                excess -= 1
+
+    def forget_process(self, process_id: str) -> None:
+        """Drop a finished process from both registries: its task ends and removes its log."""
+        proc = self.processes.pop(process_id)
+        proc.session.forget_process(process_id)
+        proc.forget()
 
     async def aclose(self) -> None:
         """Close every session (each shielded inside), then stop the nursery."""

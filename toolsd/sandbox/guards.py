@@ -4,10 +4,16 @@ host takes its mounts along."""
 
 from __future__ import annotations
 
+import logging
 import os
 import select
+from typing import Callable
+
+import trio
 
 from toolsd.sandbox.policy import Policy, guarding_mounts, mount_points
+
+log = logging.getLogger("toolsd.session")
 
 # How often a session's hiding and protecting mounts are checked while its commands run (see
 # Session.check_guards; every call that starts something checks too).
@@ -89,3 +95,24 @@ class MountGuard:
         fd, self._fd = self._fd, -1
         if fd != -1:
             os.close(fd)
+
+    async def watch(self, host_pid: int, name: str, check: Callable[[list[str]], None], *,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """`open`, then `check(paths gone)` now and every GUARD_CHECK_S, for commands
+        already running, until cancelled; `close` at the end. Started (the mountinfo open
+        and read) before the sandbox `name` is handed out."""
+        try:
+            missing = self.open(host_pid)
+        except OSError as e:
+            log.warning("%s: cannot watch its mounts (%s)", name, e)
+            task_status.started()
+            return
+        try:
+            if missing:  # replaced as the sandbox started
+                check(missing)
+            task_status.started()
+            while True:
+                check(self.check())
+                await trio.sleep(GUARD_CHECK_S)
+        finally:
+            self.close()

@@ -1,6 +1,6 @@
 """The process.* methods: start a background process, read its output (with `until`), stop
-it, list them; and the daemon-wide memory of finished ones (MAX_REMEMBERED). The process
-itself is background.py's BackgroundProcess.
+it, list them. The process itself is background.py's BackgroundProcess; the Supervisor keeps
+the registry of them (and forgets the oldest finished ones, its MAX_REMEMBERED).
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -23,14 +24,20 @@ from toolsd.wire.protocol import (
     LIMIT_EXCEEDED,
     MARKER,
     SESSION_CLOSED,
+    ProcessListParams,
     ProcessListResult,
     ProcessOutputParams,
     ProcessOutputResult,
     ProcessStartParams,
     ProcessStartResult,
+    ProcessStopParams,
     ProcessStopResult,
     ToolsdError,
 )
+
+if TYPE_CHECKING:
+    from toolsd.daemon.session import Session
+    from toolsd.daemon.supervisor import Supervisor
 
 LOG_CAP_BYTES = 64 << 20  # older output on disk, per process
 # Background processes a session may have that have not finished (running, or exited with
@@ -45,7 +52,8 @@ INLINE_RENDER_BYTES = 32 << 10
 # ---------------------------------------------------------------- methods
 
 
-async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResult:
+async def start(supervisor: Supervisor, session: Session,
+                p: ProcessStartParams) -> ProcessStartResult:
     session.check_open()
     if not p.command.strip():
         raise ToolsdError(BAD_PARAMS, "process.start: command is empty; give the command to run")
@@ -54,16 +62,15 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
     _shell_name, _shell_path = session.shell  # none in the sandbox: refused before an id is taken
-    live = sum(1 for bg in session.processes.values() if not bg.finished.is_set())
+    live = session.live_process_count()
     if live >= MAX_LIVE_PER_SESSION:
         raise ToolsdError(LIMIT_EXCEEDED, f"process.start: session {session.id} already has "
                           f"{live} background processes that have not finished, the most it "
                           f"may have; stop some with process.stop (toolsd kill ID) first")
-    process_id = f"bg{supervisor.state.next_id('process')}"
+    process_id = supervisor.new_process_id()
     # The log first: once the command runs, nothing may fail before its watcher owns it.
     try:
-        log_file = CappedLog(os.path.join(supervisor.state.logs, f"{process_id}.log"),
-                             LOG_CAP_BYTES)
+        log_file = CappedLog(supervisor.log_path(process_id), LOG_CAP_BYTES)
     except OSError as e:
         raise ToolsdError(IO_ERROR, f"process.start: cannot create the log file in "
                           f"{supervisor.state.logs} ({e.strerror}); free disk space or fix "
@@ -87,31 +94,10 @@ async def start(supervisor, session, p: ProcessStartParams) -> ProcessStartResul
         raise ToolsdError(SESSION_CLOSED, f"process.start: session {session.id} was closed "
                           f"while the command started; open a new session")
     proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file, oom_kills)
-    supervisor.processes[process_id] = proc
-    session.processes[process_id] = proc
+    supervisor.add_process(proc)
     session.keep_active(job)
-    forget_oldest_finished(supervisor)
-    session.nursery.start_soon(proc.watch, read_fd)
+    session.start_soon(proc.watch, read_fd)
     return ProcessStartResult(id=process_id, pid=job.pid)
-
-
-# Finished processes are remembered (status, last output) so that a stale id gets its final
-# status; past this many, the oldest finished ones are forgotten and their ids are not_found.
-MAX_REMEMBERED = 1000
-
-
-def forget_oldest_finished(supervisor) -> None:
-    excess = len(supervisor.processes) - MAX_REMEMBERED
-    if excess <= 0:
-        return
-    for process_id, proc in list(supervisor.processes.items()):
-        if excess <= 0:
-            break
-        if proc.retired:
-            del supervisor.processes[process_id]
-            proc.session.processes.pop(process_id, None)
-            proc.forget()
-            excess -= 1
 
 
 async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutputResult:
@@ -201,13 +187,12 @@ def fit_range(data: bytes, pos: int, tail: bytes, tail_pos: int, end: int,
     return head + marker + tail_text, True
 
 
-async def stop(proc: BackgroundProcess, p) -> ProcessStopResult:
+async def stop(proc: BackgroundProcess, p: ProcessStopParams) -> ProcessStopResult:
     return await proc.stop(p.grace_s)
 
 
-async def listing(supervisor, p) -> ProcessListResult:
-    procs = [bg for bg in supervisor.processes.values()
-             if p.session is None or bg.session.id == p.session]
+async def listing(supervisor: Supervisor, p: ProcessListParams) -> ProcessListResult:
+    procs = supervisor.processes_of(p.session)
     with contextlib.ExitStack() as stack:
         shims = [stack.enter_context(bg.job.holding_tree()) for bg in procs]
         infos = await trio.to_thread.run_sync(

@@ -60,6 +60,7 @@ import os
 import posixpath
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -71,6 +72,10 @@ from toolsd.tools.interpreter import Interpreter, Sending
 from toolsd.tools.output import Ring
 from toolsd.tools.repl_run import Run
 from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
+
+if TYPE_CHECKING:
+    from toolsd.daemon.session import Session
+    from toolsd.tools.spill import Spills
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]
 
@@ -91,33 +96,33 @@ DRIVERS = {
 FIGURES_FOLDER = "toolsd-figures"
 
 
-async def execute(session, p: ReplExecParams) -> ReplExecResult:
+async def execute(session: Session, p: ReplExecParams) -> ReplExecResult:
     """Run `p.code` on the REPL of (session, p.turn, p.language), starting it if needed."""
     session.check_open()
     turn = session.turn(p.turn)
-    repl = turn.repls.get(p.language)
+    repl = turn.repl(p.language)
     if repl is None:
         argv = interpreter_argv(session.launcher.ready, p.language)
         if p.language == "python":
             argv.append(posixpath.join(session.spills.visible, FIGURES_FOLDER))
             if session.launcher.ready.python3:
                 argv[0] = await python_executable(session, argv[0])
-        repl = turn.repls.get(p.language)  # another call may have made it meanwhile
-        if repl is None:
-            repl = turn.repls[p.language] = Repl(p.language, argv, turn.id, session.spills)
+        # Another call may have made it meanwhile: then that one is the turn's.
+        repl = turn.repl_for(p.language,
+                             lambda: Repl(p.language, argv, turn.id, session.spills))
     return await repl.execute(session, p)
 
 
-def start_detached(session, p: ReplExecParams, detached) -> bool:
+def start_detached(session: Session, p: ReplExecParams, detached) -> bool:
     """repl.exec without a task of its own (answers.Detached), when its REPL is running and
     idle: the code goes to the interpreter now, and the task reading the interpreter's output
     answers. False when it needs a task (the turn's first call, a busy REPL)."""
     session.check_open()
-    repl = session.turn(p.turn).repls.get(p.language)
+    repl = session.turn(p.turn).repl(p.language)
     return repl is not None and repl.start_detached(p, detached, session)
 
 
-async def python_executable(session, python3: str) -> str:
+async def python_executable(session: Session, python3: str) -> str:
     """The real interpreter behind the sandbox's `python3`, asked once per session. It is
     often a wrapper script (a pyenv shim runs bash on every start), and every turn
     starts a fresh interpreter. Asked in the workspace, as version files there may pick it."""
@@ -133,7 +138,7 @@ async def python_executable(session, python3: str) -> str:
             await end_tree(job, 0)
         path = out.decode(errors="replace").strip()
         ok = job.exit_code == 0 and os.path.isabs(path) and "\n" not in path
-        session.python_exe = path if ok else python3
+        session.remember_python(path if ok else python3)
     return session.python_exe
 
 
@@ -158,7 +163,8 @@ class Repl:
     """The REPL of one (turn, language): serialises its requests and keeps one interpreter
     running, starting a new one when the last died or was killed."""
 
-    def __init__(self, language: str, argv: list[str], turn_id: str = "", spills=None):
+    def __init__(self, language: str, argv: list[str], turn_id: str = "",
+                 spills: Spills | None = None):
         self.language = language
         self.argv = argv
         self.turn_id = turn_id
@@ -173,21 +179,7 @@ class Repl:
         self._interp: Interpreter | None = None
         self._late: Ring | None = None  # output printed while no request was in flight
 
-    # The running interpreter's framing state (None before the first start).
-    @property
-    def uuid(self) -> str | None:
-        return self._interp.uuid if self._interp else None
-
-    @property
-    def seq(self) -> int:
-        return self._interp.seq if self._interp else 0
-
-    @property
-    def pid(self) -> int | None:
-        """Host pid of the running interpreter."""
-        return self._interp.job.pid if self._interp else None
-
-    async def execute(self, session, p: ReplExecParams) -> ReplExecResult:
+    async def execute(self, session: Session, p: ReplExecParams) -> ReplExecResult:
         started = time.monotonic()
         # A free lock is taken without a trip through trio's scheduler, a sizeable part of
         # the whole driver round trip.
@@ -218,7 +210,7 @@ class Repl:
         run.lost_before = lost
         return await run.finish()
 
-    def start_detached(self, p: ReplExecParams, detached, session) -> bool:
+    def start_detached(self, p: ReplExecParams, detached, session: Session) -> bool:
         """Send `p` to the running interpreter and return, leaving the answer to the task
         that reads its output (see start_detached); False if the REPL is not idle."""
         interp = self._interp

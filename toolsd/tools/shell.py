@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -18,6 +19,11 @@ from toolsd.tools.output import HeadTail
 from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_shell
 from toolsd.tools.spill import tee
 from toolsd.wire.protocol import SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
+
+if TYPE_CHECKING:
+    from toolsd.daemon.session import Session
+    from toolsd.sandbox.job import Job
+    from toolsd.tools.spill import Spill
 
 # After the command exits (and its leftovers are ended) we read what is already in the pipe for
 # at most this long: enough to drain a full pipe, short enough that a descriptor smuggled out of
@@ -60,7 +66,7 @@ def git_config_notice(output: str, *, global_config: bool) -> str:
             f"so do not delete or re-create .git. Give settings with {instead}]")
 
 
-async def run(session, p: ShellRunParams) -> ShellRunResult:
+async def run(session: Session, p: ShellRunParams) -> ShellRunResult:
     session.check_open()
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
@@ -97,9 +103,9 @@ async def run(session, p: ShellRunParams) -> ShellRunResult:
             answer.after(job.let_go)
 
 
-async def _finish(session, job, read_fd: int, p: ShellRunParams, shell_name: str,
+async def _finish(session: Session, job: Job, read_fd: int, p: ShellRunParams, shell_name: str,
                   started: float, oom_kills: int | None, cwd_fd: int | None,
-                  spill) -> ShellRunResult:
+                  spill: Spill | None) -> ShellRunResult:
     """Collect the output and the end of a shell.run's command, ending what it leaves.
     `oom_kills`: the session's count before the command started (Session.memory_note)."""
     out = HeadTail(p.max_output_chars)

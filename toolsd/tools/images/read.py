@@ -4,6 +4,7 @@ session's commands see), fitted by fit.py in a worker thread, at most DECODE_SLO
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -25,6 +26,9 @@ from toolsd.wire.protocol import (
     ImageReadResult,
     ToolsdError,
 )
+
+if TYPE_CHECKING:
+    from toolsd.daemon.session import Session
 
 __all__ = ["read", "READ_CAP", "READ_TIMEOUT_S", "MAX_PIXELS", "DECODE_SLOTS"]
 
@@ -65,7 +69,7 @@ _NOT_FOUND_REASONS = {
     "Permission denied",
 }
 
-async def read(session, p: ImageReadParams) -> ImageReadResult:
+async def read(session: Session, p: ImageReadParams) -> ImageReadResult:
     """image.read: the file at `p.path` (relative paths from the workspace), as the session
     sees it, fitted within p.max_dim and p.max_bytes."""
     session.check_open()
@@ -107,7 +111,7 @@ async def read(session, p: ImageReadParams) -> ImageReadResult:
     )
 
 
-async def _read_in_sandbox(session, path: str) -> bytes:
+async def _read_in_sandbox(session: Session, path: str) -> bytes:
     """The bytes of `path` read by `head` inside the session's sandbox, at most READ_CAP.
     stdout and stderr get separate pipes, so an error text is never taken for file data."""
     ready = session.launcher.ready
