@@ -373,7 +373,7 @@ async def shim_comes_back(launcher, shim_pid):
 
 
 async def test_a_held_job_keeps_its_shim_until_let_go(launcher):
-    # shell.run answers first and lets its shim go after (toolsd/tools/answer.py).
+    # shell.run answers first and lets its shim go after (toolsd/tools/calls.py).
     job, read_fd = await spawn_piped(launcher, ["true"], held=True, want_pid=False)
     os.close(read_fd)
     await job.done.wait()

@@ -176,15 +176,14 @@ class Connection:
             detached.escalate()
 
     def _start_detached(self, request: Request, scope: trio.CancelScope) -> bool:
-        """Start `request` without a task, if its method can (dispatch.DETACHED) and it is in a
-        state to; False to run it the usual way, which also answers any error."""
-        entry = dispatch.DETACHED.get(request.method)
-        if entry is None:
+        """Start `request` without a task, if its method can (its row's `detached`) and it
+        is in a state to; False to run it the usual way, which also answers any error."""
+        method = dispatch.METHODS.get(request.method)
+        if method is None or method.detached is None:
             return False
-        params_type, start = entry
         detached = self.detached[request.id] = answers.Detached(self, request, scope)
         try:
-            if start(self.supervisor, dispatch.decode(params_type, request), detached):
+            if method.detached(self.supervisor, method.decode(request), detached):
                 return True
         except ToolsdError:
             pass  # said again, and answered, the usual way
@@ -250,15 +249,13 @@ class Connection:
         and answer it."""
         if answer is None:
             answer = answers.Answer(request.id)
-        token = answers.serving(answer)
         try:
             if request.method == "cancel":
                 reply = self.cancel(request)
             else:
-                reply = await self.run(request, scope, call)
+                reply = await self.run(request, scope, answer, call)
             await self._write(self._encode(reply), then=answer.run_after)
         finally:
-            answers.done(token)
             answer.run_after()
             self.slots.release()
 
@@ -277,13 +274,14 @@ class Connection:
         self._unsent = frame[written:]
         return True
 
-    async def run(self, request: Request, scope: trio.CancelScope | None, call=None) -> Reply:
+    async def run(self, request: Request, scope: trio.CancelScope | None,
+                  answer: answers.Answer, call=None) -> Reply:
         if scope is None:
             return _error(request.id, BAD_PARAMS,
                           f"request id {request.id} is already in flight on this connection")
         try:
             with scope:
-                result = await (call() if call is not None else self._dispatch(request))
+                result = await (call() if call is not None else self._dispatch(request, answer))
                 return Reply(id=request.id, result=result)
         except ToolsdError as e:
             return _error(request.id, e.code, e.message)
@@ -297,14 +295,15 @@ class Connection:
         # Only reached when our scope swallowed a cancellation, i.e. a `cancel` request.
         return _error(request.id, CANCELLED, f"request {request.id} was cancelled")
 
-    async def _dispatch(self, request: Request) -> object:
+    async def _dispatch(self, request: Request, answer: answers.Answer) -> object:
         """The result of `request` from its method's handler."""
-        entry = dispatch.METHODS.get(request.method)
-        if entry is None:
+        method = dispatch.METHODS.get(request.method)
+        if method is None:
             raise ToolsdError(UNKNOWN_METHOD, f"unknown method {request.method!r}; known: "
                               f"{', '.join(sorted(dispatch.METHODS) + ['cancel'])}")
-        params_type, handler = entry
-        return await handler(self.supervisor, dispatch.decode(params_type, request))
+        if method.takes_answer:
+            return await method.handler(self.supervisor, method.decode(request), answer)
+        return await method.handler(self.supervisor, method.decode(request))
 
     def cancel(self, request: Request) -> Reply:
         try:

@@ -1,7 +1,9 @@
-"""One handler per wire method, and the table the server dispatches with.
+"""The table the connection dispatches with: one row per wire method (`Method`), and its
+handler.
 
-Each handler takes the Supervisor and the decoded params Struct and returns a result Struct;
-it raises ToolsdError for a reply with an error code. `cancel` is the server's own (it is about
+Each handler takes the Supervisor and the decoded params Struct (and, for a row that says
+`takes_answer`, the request's tools.calls.Answer) and returns a result Struct; it raises
+ToolsdError for a reply with an error code. `cancel` is the connection's own (it is about
 the connection, not the sessions). A call that names a session or one of its processes runs
 inside `session.call()`, which keeps the session from counting as idle; the listings
 (session.list, process.list) are looks from outside and do not.
@@ -9,36 +11,73 @@ inside `session.call()`, which keeps the session from counting as idle; the list
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING, Awaitable, Callable, Final, Generic, TypeVar
+
+import msgspec
 import trio
 
 from toolsd.tools import images, processes, repl, shell
+from toolsd.tools.calls import Answer, Detached
 from toolsd.wire.protocol import (
     FEATURES,
     CancelParams,
     HelloParams,
     HelloResult,
     ImageReadParams,
+    ImageReadResult,
     ProcessListParams,
+    ProcessListResult,
     ProcessOutputParams,
+    ProcessOutputResult,
     ProcessStartParams,
+    ProcessStartResult,
     ProcessStopParams,
+    ProcessStopResult,
     ReplExecParams,
+    ReplExecResult,
+    Request,
+    SessionCloseResult,
     SessionListParams,
     SessionListResult,
     SessionOpenParams,
     SessionOpenResult,
     SessionParams,
     ShellRunParams,
+    ShellRunResult,
     TurnBeginResult,
     TurnEndParams,
     TurnEndResult,
     decode_params,
 )
 
-__all__ = ["METHODS", "DETACHED", "CancelParams", "decode"]
+if TYPE_CHECKING:
+    from toolsd.daemon.supervisor import Supervisor
+
+__all__ = ["METHODS", "Method", "CancelParams", "decode"]
+
+P = TypeVar("P", bound=msgspec.Struct)
 
 
-async def hello(sup, p: HelloParams) -> HelloResult:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Method(Generic[P]):
+    """One wire method: how its params decode, who handles it, and whether it can start
+    without a task of its own."""
+
+    params: type[P]
+    # (supervisor, params) -> result Struct; (supervisor, params, answer) if takes_answer.
+    handler: Callable[..., Awaitable[object]]
+    takes_answer: bool = False
+    # (supervisor, params, detached) -> True if it took the request: it will answer through
+    # `detached`, or hand the rest to a task with detached.escalate(). False, or ToolsdError,
+    # before doing anything: the request then runs the usual way, which answers any error.
+    detached: Callable[[Supervisor, P, Detached], bool] | None = None
+
+    def decode(self, request: Request) -> P:
+        return decode(self.params, request)
+
+
+async def hello(sup: Supervisor, p: HelloParams) -> HelloResult:
     return HelloResult(
         protocol=1,
         server=sup.server_name,
@@ -50,85 +89,68 @@ async def hello(sup, p: HelloParams) -> HelloResult:
     )
 
 
-async def session_open(sup, p: SessionOpenParams) -> SessionOpenResult:
+async def session_open(sup: Supervisor, p: SessionOpenParams) -> SessionOpenResult:
     session = await sup.open_session(p)
     return SessionOpenResult(session=session.id, sandbox=session.sandbox_kind,
                              workspace=session.workspace)
 
 
-async def session_close(sup, p: SessionParams):
+async def session_close(sup: Supervisor, p: SessionParams) -> SessionCloseResult | None:
     return await sup.close_session(p.session)
 
 
-async def session_list(sup, p: SessionListParams) -> SessionListResult:
+async def session_list(sup: Supervisor, p: SessionListParams) -> SessionListResult:
     return SessionListResult(sessions=[s.info() for s in sup.open_sessions()])
 
 
-async def turn_begin(sup, p: SessionParams) -> TurnBeginResult:
+async def turn_begin(sup: Supervisor, p: SessionParams) -> TurnBeginResult:
     with sup.session(p.session).call() as session:
         return await session.reported(TurnBeginResult(turn=session.begin_turn()))
 
 
-async def turn_end(sup, p: TurnEndParams) -> TurnEndResult:
+async def turn_end(sup: Supervisor, p: TurnEndParams) -> TurnEndResult:
     with sup.session(p.session).call() as session:
         return await session.reported(TurnEndResult(
             repls_stopped=await session.end_turn(p.turn)))
 
 
-async def shell_run(sup, p: ShellRunParams):
+async def shell_run(sup: Supervisor, p: ShellRunParams, answer: Answer) -> ShellRunResult:
     with sup.session(p.session).call() as session:
-        return await session.reported(await shell.run(session, p))
+        return await session.reported(await shell.run(session, p, answer))
 
 
-async def repl_exec(sup, p: ReplExecParams):
+async def repl_exec(sup: Supervisor, p: ReplExecParams) -> ReplExecResult:
     with sup.session(p.session).call() as session:
         return await session.reported(await repl.execute(session, p))
 
 
-async def process_start(sup, p: ProcessStartParams):
+async def process_start(sup: Supervisor, p: ProcessStartParams) -> ProcessStartResult:
     with sup.session(p.session).call() as session:
         return await session.reported(await processes.start(sup, session, p))
 
 
-async def process_output(sup, p: ProcessOutputParams):
+async def process_output(sup: Supervisor, p: ProcessOutputParams) -> ProcessOutputResult:
     proc = sup.process(p.id)
     with proc.session.call():
         return await proc.session.reported(await processes.output(proc, p))
 
 
-async def process_stop(sup, p: ProcessStopParams):
+async def process_stop(sup: Supervisor, p: ProcessStopParams) -> ProcessStopResult:
     proc = sup.process(p.id)
     with proc.session.call():
         return await proc.session.reported(await processes.stop(proc, p))
 
 
-async def process_list(sup, p: ProcessListParams):
+async def process_list(sup: Supervisor, p: ProcessListParams) -> ProcessListResult:
     return await processes.listing(sup, p)
 
 
-async def image_read(sup, p: ImageReadParams):
+async def image_read(sup: Supervisor, p: ImageReadParams) -> ImageReadResult:
     with sup.session(p.session).call() as session:
         return await session.reported(await images.read(session, p))
 
 
-METHODS = {
-    "hello": (HelloParams, hello),
-    "session.open": (SessionOpenParams, session_open),
-    "session.close": (SessionParams, session_close),
-    "session.list": (SessionListParams, session_list),
-    "turn.begin": (SessionParams, turn_begin),
-    "turn.end": (TurnEndParams, turn_end),
-    "shell.run": (ShellRunParams, shell_run),
-    "repl.exec": (ReplExecParams, repl_exec),
-    "process.start": (ProcessStartParams, process_start),
-    "process.output": (ProcessOutputParams, process_output),
-    "process.stop": (ProcessStopParams, process_stop),
-    "process.list": (ProcessListParams, process_list),
-    "image.read": (ImageReadParams, image_read),
-}
-
-
-def repl_exec_detached(sup, p: ReplExecParams, detached) -> bool:
+def repl_exec_detached(sup: Supervisor, p: ReplExecParams, detached: Detached) -> bool:
     session = sup.session(p.session)
 
     def end() -> None:
@@ -138,7 +160,7 @@ def repl_exec_detached(sup, p: ReplExecParams, detached) -> bool:
     # taken, the request runs the usual way (under session.call), and its Detached with
     # this hook is dropped.
     session.activity.begin()
-    detached.answer.after(end)
+    detached.after(end)
     try:
         started = repl.start_detached(session, p, detached)
     except BaseException:
@@ -149,13 +171,22 @@ def repl_exec_detached(sup, p: ReplExecParams, detached) -> bool:
     return started
 
 
-# Methods that can run without a task of their own (answers.Detached, where the why is):
-# `start(sup, params, detached)` returns True if it took the request, or returns False or
-# raises ToolsdError before doing anything, and the request then runs the usual way.
-DETACHED = {
-    "repl.exec": (ReplExecParams, repl_exec_detached),
+METHODS: Final[dict[str, Method]] = {
+    "hello": Method(HelloParams, hello),
+    "session.open": Method(SessionOpenParams, session_open),
+    "session.close": Method(SessionParams, session_close),
+    "session.list": Method(SessionListParams, session_list),
+    "turn.begin": Method(SessionParams, turn_begin),
+    "turn.end": Method(TurnEndParams, turn_end),
+    "shell.run": Method(ShellRunParams, shell_run, takes_answer=True),
+    "repl.exec": Method(ReplExecParams, repl_exec, detached=repl_exec_detached),
+    "process.start": Method(ProcessStartParams, process_start),
+    "process.output": Method(ProcessOutputParams, process_output),
+    "process.stop": Method(ProcessStopParams, process_stop),
+    "process.list": Method(ProcessListParams, process_list),
+    "image.read": Method(ImageReadParams, image_read),
 }
 
 
-def decode(params_type, request):
+def decode(params_type: type[P], request: Request) -> P:
     return decode_params(params_type, request.params, request.method)

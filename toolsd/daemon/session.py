@@ -90,7 +90,7 @@ class Session:
         self._close_done = trio.Event()
         self._stop = trio.Event()
         self._closing = False
-        self.close_result: object = None
+        self.close_result: SessionCloseResult | None = None
         self.ended_why: str | None = None  # why toolsd ended the session by itself
         # What the session adds that the host's git would run.
         self.repositories = RepositoryWatch(self.workspace, self.writable, session_id)
@@ -224,7 +224,7 @@ class Session:
                 await trio.to_thread.run_sync(shutil.rmtree, self.scratch, True)
                 await trio.to_thread.run_sync(shutil.rmtree, self.home_dir, True)
 
-    async def close(self):
+    async def close(self) -> SessionCloseResult | None:
         """End everything of the session; idempotent (a second caller waits for the first)."""
         if self._closing:
             await self._close_done.wait()

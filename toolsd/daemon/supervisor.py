@@ -23,7 +23,13 @@ from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state import StateDir
 from toolsd.sandbox import cgroups
 from toolsd.sandbox.policy import Limits
-from toolsd.wire.protocol import NOT_FOUND, SESSION_CLOSED, SessionOpenParams, ToolsdError
+from toolsd.wire.protocol import (
+    NOT_FOUND,
+    SESSION_CLOSED,
+    SessionCloseResult,
+    SessionOpenParams,
+    ToolsdError,
+)
 
 if TYPE_CHECKING:
     from toolsd.tools.background import BackgroundProcess
@@ -133,7 +139,7 @@ class Supervisor:
             raise ToolsdError(SESSION_CLOSED, f"session {session_id} is closed; open a new one")
         return session
 
-    async def close_session(self, session_id: str) -> object:
+    async def close_session(self, session_id: str) -> SessionCloseResult | None:
         session = self.session(session_id)
         result = await session.close()
         self.sessions.pop(session_id, None)

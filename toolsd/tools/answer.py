@@ -16,13 +16,12 @@ No I/O here: the connection does the writing.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from typing import Awaitable, Callable, Protocol
 
 import trio
 
-__all__ = ["Answer", "Detached", "current"]
+__all__ = ["Answer", "Detached"]
 
 log = logging.getLogger("toolsd.answer")
 
@@ -50,6 +49,9 @@ class Detached:
         self.answer = Answer(request.id)
         self._over = False  # answered, or handed to a task
 
+    def after(self, fn: Callable[[], None]) -> None:
+        self.answer.after(fn)
+
     def finish(self, result: object) -> bool:
         """Answer with `result`, unless a task has the request now (False: that task will
         answer). Synchronous; never raises."""
@@ -70,12 +72,11 @@ class Detached:
 
 
 class Answer:
-    __slots__ = ("request_id", "_after", "_task")
+    __slots__ = ("request_id", "_after")
 
     def __init__(self, request_id: int):
         self.request_id = request_id
         self._after: list[Callable[[], None]] = []
-        self._task = None  # the task running the request (see serving)
 
     def after(self, fn: Callable[[], None]) -> None:
         """Call `fn()` once the answer has started out (or cannot soon, or could not be)."""
@@ -88,26 +89,3 @@ class Answer:
                 fn()
             except Exception:
                 log.exception("work after the answer to request %s failed", self.request_id)
-
-
-_CURRENT: contextvars.ContextVar[Answer | None] = contextvars.ContextVar(
-    "toolsd_answer", default=None)
-
-
-def current() -> Answer | None:
-    """The answer of the request this task runs (None outside a request). Tasks started
-    while a request ran (a REPL's reader, a session's task) inherit its context, not its
-    answer."""
-    answer = _CURRENT.get()
-    if answer is None or answer._task is not trio.lowlevel.current_task():
-        return None
-    return answer
-
-
-def serving(answer: Answer) -> contextvars.Token:
-    answer._task = trio.lowlevel.current_task()
-    return _CURRENT.set(answer)
-
-
-def done(token: contextvars.Token) -> None:
-    _CURRENT.reset(token)

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from toolsd.tools import answer as answers
 from toolsd.tools.output import HeadTail
 from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_shell
+from toolsd.tools.calls import Answer
 from toolsd.tools.spill import tee
 from toolsd.wire.protocol import SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
 
@@ -66,7 +66,7 @@ def git_config_notice(output: str, *, global_config: bool) -> str:
             f"so do not delete or re-create .git. Give settings with {instead}]")
 
 
-async def run(session: Session, p: ShellRunParams) -> ShellRunResult:
+async def run(session: Session, p: ShellRunParams, answer: Answer) -> ShellRunResult:
     session.check_open()
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
@@ -87,9 +87,6 @@ async def run(session: Session, p: ShellRunParams) -> ShellRunResult:
     finally:
         if cwd_fds:
             os.close(cwd_fds[1])  # the shell has the only copy: its tree's end gives EOF
-    # The shim goes back to the launcher's standbys once the answer is out: letting it go
-    # wakes it, and that is no reason to answer later.
-    answer = answers.current()
     spill = session.spills.start(p.max_output_chars) if p.spill else None
     try:
         return await _finish(session, job, read_fd, p, shell_name, started, oom_kills,
@@ -97,10 +94,9 @@ async def run(session: Session, p: ShellRunParams) -> ShellRunResult:
     finally:
         if spill is not None:
             spill.discard()  # a no-op once its result has it
-        if answer is None:
-            job.let_go()
-        else:
-            answer.after(job.let_go)
+        # The shim goes back to the launcher's standbys once the answer is out: letting it
+        # go wakes it, and that is no reason to answer later.
+        answer.after(job.let_go)
 
 
 async def _finish(session: Session, job: Job, read_fd: int, p: ShellRunParams, shell_name: str,
