@@ -595,7 +595,7 @@ def read_reply_list(s: socket.socket, *, until: int, count: int = 1) -> list[dic
 
 def test_each_request_is_answered_once_and_a_cancel_after_the_answer_finds_nothing(
         daemon, session, turn):
-    # The answer goes out from the task that reads the sentinel (answers.Detached); nothing
+    # The answer goes out from the task that reads the sentinel (calls.Detached); nothing
     # may send it again, nor may a cancel reach it after.
     with raw_socket(daemon) as s:
         for n in range(1, 30, 3):

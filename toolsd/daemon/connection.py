@@ -1,23 +1,24 @@
 """One client's connection: read frames, run each request in its own task (or none, for a
-method that can: answers.Detached), answer through one send lock per connection.
+method that can: tools.calls.Detached), answer through one send lock per connection.
 
 Resource handling: serve.py's `serve()` owns the listening socket and every connection; a
-connection owns its in-flight requests, which are cancelled when it closes: their tasks
-directly, and those without a task by handing them one (a closing connection never ends a
-session: sessions belong to the Supervisor).
+connection owns its in-flight requests (its RequestTable, requests.py, where the invariant
+of their slots is), which are cancelled when it closes: their tasks directly, and those
+without a task by handing them one (a closing connection never ends a session: sessions
+belong to the Supervisor).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import msgspec
 import trio
 
 from toolsd.daemon import dispatch
-from toolsd.tools import answer as answers
+from toolsd.daemon.requests import Entry, RequestTable, State
 from toolsd.runtime.fdio import READ_SIZE, FdReader, write_all
 from toolsd.wire.framing import FrameReader, FrameTooLarge, encode_frame
 from toolsd.wire.protocol import (
@@ -57,10 +58,8 @@ class Connection:
         self.max_frame = max_frame
         self.fd = stream.socket.fileno()
         self.send_lock = trio.Lock()
-        self.in_flight: dict[int, trio.CancelScope] = {}
-        # The requests in flight that have no task (answers.Detached), by id.
-        self.detached: dict[int, answers.Detached] = {}
-        self.slots = trio.Semaphore(MAX_IN_FLIGHT)
+        self.requests = RequestTable(MAX_IN_FLIGHT, start_task=self._start_task,
+                                     deliver=self._deliver)
         # The rest of an answer that the socket did not take at once: it goes out before
         # anything else (see _write_now).
         self._unsent = b""
@@ -81,7 +80,7 @@ class Connection:
             frame = encode_frame(encode_reply(reply))
         return frame
 
-    async def _write(self, frame: bytes, then=None) -> None:
+    async def _write(self, frame: bytes, then: Callable[[], None] | None = None) -> None:
         """Write `frame` whole. `then()` runs as soon as the frame has started out (its first
         write), or at once if it must wait behind another frame: work that should not delay
         the answer, nor wait on a client that reads slowly or not at all."""
@@ -145,84 +144,74 @@ class Connection:
                     request = await self._decode(body)
                     if request is None:
                         return
-                    if not self.slots.value:
+                    entry = self.requests.admit(request)
+                    if entry is None:
                         # Answered here, in order: a client that does not read them
                         # stops our reading when its socket fills.
                         await self.send(self.refuse_busy(request))
                         continue
-                    self.slots.acquire_nowait()
-                    # Registered now, not when the task starts: a `cancel` right behind
-                    # it in the same read must find it.
-                    scope = None
-                    if request.method != "cancel" and request.id not in self.in_flight:
-                        scope = self.in_flight[request.id] = trio.CancelScope()
-                        if self._start_detached(request, scope):
-                            continue
+                    if entry.registered and self._start_detached(entry):
+                        continue
                     if len(frames) == 1:
                         self._nursery.start_soon(self._read_requests)
                         handed_over = True
-                        await self.handle(request, scope)
+                        await self.handle(entry)
                         return
-                    self._nursery.start_soon(self.handle, request, scope)
+                    self._nursery.start_soon(self.handle, entry)
         finally:
             if not handed_over:
                 self._cancel_all()
 
     def _cancel_all(self) -> None:
         """The connection is closing: every request in flight is cancelled; those without a
-        task get one, which undoes what they started (answers.Detached)."""
+        task get one, which undoes what they started (tools.calls.Detached)."""
         self._nursery.cancel_scope.cancel()
-        for detached in list(self.detached.values()):
-            detached.escalate()
+        self.requests.cancel_all()
 
-    def _start_detached(self, request: Request, scope: trio.CancelScope) -> bool:
-        """Start `request` without a task, if its method can (its row's `detached`) and it
+    def _start_detached(self, entry: Entry) -> bool:
+        """Start a request without a task, if its method can (its row's `detached`) and it
         is in a state to; False to run it the usual way, which also answers any error."""
+        request = entry.request
         method = dispatch.METHODS.get(request.method)
         if method is None or method.detached is None:
             return False
-        detached = self.detached[request.id] = answers.Detached(self, request, scope)
+        self.requests.detach(entry)
         try:
-            if method.detached(self.supervisor, method.decode(request), detached):
+            if method.detached(self.supervisor, method.decode(request), entry):
                 return True
         except ToolsdError:
             pass  # said again, and answered, the usual way
         except Exception:
             log.exception("could not start %s without a task", request.method)
-        # Gone from the table if it was handed to a task before the error: that task answers.
-        return self.detached.pop(request.id, None) is None
+        if entry.state is not State.DETACHED:
+            return True  # handed to a task before the error: that task answers
+        self.requests.undetach(entry)
+        return False
 
-    def finish_detached(self, detached: answers.Detached, result: object) -> None:
+    def _start_task(self, entry: Entry) -> None:
+        self._nursery.start_soon(self.handle, entry)
+
+    def _deliver(self, entry: Entry, result: object) -> None:
         """Answer a request that has no task: at once if nobody else is writing, else from a
         task that waits its turn. Never raises."""
-        request_id = detached.request.id
-        del self.detached[request_id]
-        if self.in_flight.get(request_id) is detached.scope:
-            del self.in_flight[request_id]
         if self._nursery.cancel_scope.cancel_called:
-            self.slots.release()
+            self.requests.release(entry)
             return  # the connection is closing: nobody reads answers any more
-        frame = self._encode(Reply(id=request_id, result=result))
+        frame = self._encode(Reply(id=entry.request.id, result=result))
         if not self._write_now(frame):
-            self._nursery.start_soon(self._write_then_release, frame)
+            self._nursery.start_soon(self._write_later, entry, frame)
         elif self._unsent:
-            self._nursery.start_soon(self._write_then_release, b"")
+            self._nursery.start_soon(self._write_later, entry, b"")
         else:
-            self.slots.release()
+            self.requests.release(entry)
 
-    async def _write_then_release(self, frame: bytes) -> None:
+    async def _write_later(self, entry: Entry, frame: bytes) -> None:
         # The request keeps its slot until its answer is out: a client that does not read
         # its answers runs out of slots, so we stop reading it, and its socket fills.
         try:
             await self._write(frame)
         finally:
-            self.slots.release()
-
-    def escalate(self, detached: answers.Detached) -> None:
-        """Give a request that has no task one, to run `detached.rest` and answer."""
-        del self.detached[detached.request.id]
-        self._nursery.start_soon(self.handle, detached.request, detached.scope, detached.rest,
-                                 detached.answer)
+            self.requests.release(entry)
 
     async def _decode(self, body: bytes) -> Request | None:
         """The request in a frame; None (and the connection refused) if it is not one."""
@@ -243,21 +232,19 @@ class Connection:
                       f"wait for some answers (or cancel some) before sending more, or open "
                       f"another connection")
 
-    async def handle(self, request: Request, scope: trio.CancelScope | None,
-                     call=None, answer: answers.Answer | None = None) -> None:
-        """Run `request` (or, for a detached one handed over, `call()` and its `answer`)
-        and answer it."""
-        if answer is None:
-            answer = answers.Answer(request.id)
+    async def handle(self, entry: Entry) -> None:
+        """Run a request in this task (for a detached one handed over, its `rest`), answer
+        it, and release it."""
         try:
-            if request.method == "cancel":
-                reply = self.cancel(request)
+            if entry.request.method == "cancel":
+                reply = self.cancel(entry.request)
+                self.requests.answered(entry)
             else:
-                reply = await self.run(request, scope, answer, call)
-            await self._write(self._encode(reply), then=answer.run_after)
+                reply = await self.run(entry)
+            await self._write(self._encode(reply), then=entry.run_after)
         finally:
-            answer.run_after()
-            self.slots.release()
+            entry.run_after()
+            self.requests.release(entry)
 
     def _write_now(self, frame: bytes) -> bool:
         """Write `frame` if that takes no waiting for another writer; what the socket does
@@ -274,15 +261,18 @@ class Connection:
         self._unsent = frame[written:]
         return True
 
-    async def run(self, request: Request, scope: trio.CancelScope | None,
-                  answer: answers.Answer, call=None) -> Reply:
-        if scope is None:
+    async def run(self, entry: Entry) -> Reply:
+        """The reply to a request; it is `answered` (no longer found by `cancel`) once its
+        handler is over, before the reply is written."""
+        request = entry.request
+        if entry.scope is None:
+            self.requests.answered(entry)
             return _error(request.id, BAD_PARAMS,
                           f"request id {request.id} is already in flight on this connection")
         try:
-            with scope:
-                result = await (call() if call is not None else self._dispatch(request, answer))
-                return Reply(id=request.id, result=result)
+            with entry.scope:
+                call = entry.rest() if entry.rest is not None else self._dispatch(entry)
+                return Reply(id=request.id, result=await call)
         except ToolsdError as e:
             return _error(request.id, e.code, e.message)
         except Exception:
@@ -290,19 +280,19 @@ class Connection:
             return _error(request.id, INTERNAL,
                           f"{request.method} failed inside toolsd; the daemon log has the trace")
         finally:
-            if self.in_flight.get(request.id) is scope:
-                del self.in_flight[request.id]
+            self.requests.answered(entry)
         # Only reached when our scope swallowed a cancellation, i.e. a `cancel` request.
         return _error(request.id, CANCELLED, f"request {request.id} was cancelled")
 
-    async def _dispatch(self, request: Request, answer: answers.Answer) -> object:
-        """The result of `request` from its method's handler."""
+    async def _dispatch(self, entry: Entry) -> object:
+        """The result of a request from its method's handler."""
+        request = entry.request
         method = dispatch.METHODS.get(request.method)
         if method is None:
             raise ToolsdError(UNKNOWN_METHOD, f"unknown method {request.method!r}; known: "
                               f"{', '.join(sorted(dispatch.METHODS) + ['cancel'])}")
         if method.takes_answer:
-            return await method.handler(self.supervisor, method.decode(request), answer)
+            return await method.handler(self.supervisor, method.decode(request), entry)
         return await method.handler(self.supervisor, method.decode(request))
 
     def cancel(self, request: Request) -> Reply:
@@ -310,14 +300,12 @@ class Connection:
             params = dispatch.decode(dispatch.CancelParams, request)
         except ToolsdError as e:
             return _error(request.id, e.code, e.message)
-        scope = self.in_flight.get(params.request)
-        if scope is None:
+        entry = self.requests.find(params.request)
+        if entry is None:
             return _error(request.id, NOT_FOUND,
                           f"no request {params.request} is in flight on this connection")
-        scope.cancel()
-        detached = self.detached.get(params.request)
-        if detached is not None:
-            detached.escalate()  # its task, already cancelled, undoes what it started
+        entry.scope.cancel()
+        entry.escalate()  # if it has no task: its task, already cancelled, undoes what it started
         return Reply(id=request.id, result={})
 
 

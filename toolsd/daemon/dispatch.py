@@ -70,7 +70,8 @@ class Method(Generic[P]):
     takes_answer: bool = False
     # (supervisor, params, detached) -> True if it took the request: it will answer through
     # `detached`, or hand the rest to a task with detached.escalate(). False, or ToolsdError,
-    # before doing anything: the request then runs the usual way, which answers any error.
+    # before doing anything (work it gave `detached.after` is then dropped): the request
+    # then runs the usual way, which answers any error.
     detached: Callable[[Supervisor, P, Detached], bool] | None = None
 
     def decode(self, request: Request) -> P:

@@ -39,7 +39,7 @@ Behaviour a caller sees:
   saved in FIGURES_FOLDER of the session's scratch (driver/python_figures.py).
 
 How a request runs: with a task of its own (`Repl.execute`) when it must wait for the REPL or
-start its interpreter; without one (`start_detached`, answers.Detached) when the REPL is
+start its interpreter; without one (`start_detached`, tools.calls.Detached) when the REPL is
 running and idle, the usual case. Then the task that read the request writes its code and
 goes back to reading, and the task reading the interpreter's output answers it on the
 sentinel. Its deadline is kept by the interpreter's watch task, whose one alarm moves only
@@ -75,6 +75,7 @@ from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExec
 
 if TYPE_CHECKING:
     from toolsd.daemon.session import Session
+    from toolsd.tools.calls import Detached
     from toolsd.tools.spill import Spills
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]
@@ -113,8 +114,8 @@ async def execute(session: Session, p: ReplExecParams) -> ReplExecResult:
     return await repl.execute(session, p)
 
 
-def start_detached(session: Session, p: ReplExecParams, detached) -> bool:
-    """repl.exec without a task of its own (answers.Detached), when its REPL is running and
+def start_detached(session: Session, p: ReplExecParams, detached: Detached) -> bool:
+    """repl.exec without a task of its own (tools.calls.Detached), when its REPL is running and
     idle: the code goes to the interpreter now, and the task reading the interpreter's output
     answers. False when it needs a task (the turn's first call, a busy REPL)."""
     session.check_open()
@@ -210,7 +211,7 @@ class Repl:
         run.lost_before = lost
         return await run.finish()
 
-    def start_detached(self, p: ReplExecParams, detached, session: Session) -> bool:
+    def start_detached(self, p: ReplExecParams, detached: Detached, session: Session) -> bool:
         """Send `p` to the running interpreter and return, leaving the answer to the task
         that reads its output (see start_detached); False if the REPL is not idle."""
         interp = self._interp

@@ -19,6 +19,7 @@ from toolsd.tools.spill import tee
 from toolsd.wire.protocol import UNSET, ReplExecParams, ReplExecResult, ReplImage
 
 if TYPE_CHECKING:
+    from toolsd.tools.calls import Detached
     from toolsd.tools.interpreter import Interpreter
     from toolsd.tools.repl import Repl
 
@@ -40,7 +41,7 @@ class Run:
         self.feed = self.out.feed if self.spill is None else tee(self.out.feed, self.spill.feed)
         self.late_dropped = repl._take_late(self.feed)
         self.deadline = trio.current_time() + p.timeout_s
-        self.detached = None  # answers.Detached, for a request without a task
+        self.detached: Detached | None = None  # for a request without a task
         # Before its code goes out: what starts after this is the request's (proctree).
         self.since = proctree.mark()
         # The interpreter before this fresh one died without an answer saying so.

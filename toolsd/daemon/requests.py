@@ -1,0 +1,155 @@
+"""The requests in flight on one connection: each one's slot, cancel scope and detached state.
+
+Invariant: every admitted request holds one of `limit` slots from the frame that brought it
+until its answer's frame is written (or dropped because the connection is closing). At each
+moment exactly one party owns it: the task that runs it (TASK), or, for a request started
+without a task, its Entry as the tools.calls.Detached the tool answers through (DETACHED);
+once answered, the write of its answer (WRITING). The slot comes back once, in `release`, on
+the move WRITING -> RELEASED. A request can be cancelled (found by id) while it is TASK or
+DETACHED, and only if it was registered: `cancel` requests and a repeated id are not.
+
+No I/O here: the connection starts the tasks and writes the answers (`start_task`,
+`deliver`). docs/sequences.md draws the moves of a detached repl.exec.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Awaitable, Callable
+
+import trio
+
+from toolsd.wire.protocol import Request
+
+__all__ = ["Entry", "RequestTable", "State"]
+
+log = logging.getLogger("toolsd.server")
+
+
+class State(enum.Enum):
+    TASK = "task"
+    DETACHED = "detached"
+    WRITING = "writing"
+    RELEASED = "released"
+
+
+_MOVES = {
+    State.TASK: {State.DETACHED, State.WRITING},
+    State.DETACHED: {State.TASK, State.WRITING},
+    State.WRITING: {State.RELEASED},
+    State.RELEASED: set(),
+}
+
+
+class Entry:
+    """One admitted request. It is what its handler gets as its tools.calls.Answer, and, for
+    a request started without a task, as its tools.calls.Detached."""
+
+    __slots__ = ("request", "scope", "state", "registered", "rest", "_after", "_table")
+
+    def __init__(self, table: RequestTable, request: Request, registered: bool):
+        self.request = request
+        self.registered = registered
+        # Only a registered request can be cancelled; the others answer at once.
+        self.scope: trio.CancelScope | None = trio.CancelScope() if registered else None
+        self.state = State.TASK
+        # A detached request's rest, in a task (tools.calls.Detached.rest).
+        self.rest: Callable[[], Awaitable[object]] | None = None
+        self._after: list[Callable[[], None]] = []
+        self._table = table
+
+    # ------------------------------------------------------------ tools.calls.Answer
+
+    def after(self, fn: Callable[[], None]) -> None:
+        self._after.append(fn)
+
+    def run_after(self) -> None:
+        """Run the work given to `after`, once: the connection calls it as the answer's
+        first write starts, and again (finding nothing) once the request is over."""
+        todo, self._after = self._after, []
+        for fn in todo:
+            try:
+                fn()
+            except Exception:
+                log.exception("work after the answer to request %s failed", self.request.id)
+
+    # ------------------------------------------------------------ tools.calls.Detached
+
+    def finish(self, result: object) -> bool:
+        if self.state is not State.DETACHED:
+            return False  # a task has it: that task answers
+        self._table.answered(self)
+        self._table.deliver(self, result)
+        self.run_after()
+        return True
+
+    def escalate(self) -> None:
+        if self.state is State.DETACHED:
+            self._table.escalate(self)
+
+
+class RequestTable:
+    def __init__(self, limit: int, *, start_task: Callable[[Entry], None],
+                 deliver: Callable[[Entry, object], None]):
+        self.limit = limit
+        self.taken = 0
+        self._start_task = start_task  # run `entry` (its rest, if it has one) in a task
+        self.deliver = deliver  # write a detached request's answer; release once written
+        self._registered: dict[int, Entry] = {}
+
+    def admit(self, request: Request) -> Entry | None:
+        """The request's entry, holding a slot, in TASK; None when every slot is taken (the
+        caller answers limit_exceeded, or carries out a `cancel` at once). Registered now,
+        not when its task starts: a `cancel` right behind it in the same read finds it."""
+        if self.taken >= self.limit:
+            return None
+        self.taken += 1
+        registered = request.method != "cancel" and request.id not in self._registered
+        entry = Entry(self, request, registered)
+        if registered:
+            self._registered[request.id] = entry
+        return entry
+
+    def find(self, request_id: int) -> Entry | None:
+        """The registered request with this id, while it is TASK or DETACHED."""
+        return self._registered.get(request_id)
+
+    def detach(self, entry: Entry) -> None:
+        """Before its method's starter runs: the request has no task."""
+        assert entry.registered
+        self._move(entry, State.DETACHED)
+
+    def undetach(self, entry: Entry) -> None:
+        """Its starter did not take it: it runs the usual way, in a task. What the starter
+        gave it (its rest, its work after the answer) was for the path without a task, and
+        the starter undid it: it is dropped, or the task's answer would run it again."""
+        entry.rest = None
+        entry._after.clear()
+        self._move(entry, State.TASK)
+
+    def escalate(self, entry: Entry) -> None:
+        """A detached request gets a task, which runs its `rest` and answers."""
+        self._move(entry, State.TASK)
+        self._start_task(entry)
+
+    def answered(self, entry: Entry) -> None:
+        """Its answer is ready: it can no longer be cancelled, and its write owns it."""
+        self._move(entry, State.WRITING)
+        if entry.registered and self._registered.get(entry.request.id) is entry:
+            del self._registered[entry.request.id]
+
+    def release(self, entry: Entry) -> None:
+        """Its answer is written (or dropped): the slot comes back. The only place it does."""
+        self._move(entry, State.RELEASED)
+        self.taken -= 1
+
+    def cancel_all(self) -> None:
+        """The connection is closing: every request without a task gets one, which undoes
+        what it started (the tasks themselves are cancelled by the connection)."""
+        for entry in list(self._registered.values()):
+            entry.escalate()
+
+    def _move(self, entry: Entry, to: State) -> None:
+        assert to in _MOVES[entry.state], f"request {entry.request.id}: {entry.state} -> {to}"
+        entry.state = to
