@@ -51,7 +51,8 @@ Resource handling: a Repl belongs to its Turn; `aclose()` (turn.end, session.clo
 interpreter's tree and ends its output pump and watch task, which run in the session's
 nursery. The daemon's end of every pipe belongs to the running `Interpreter`
 (interpreter.py), and is closed when its pump ends (output) or when it is killed (commands).
-A request's lock on its REPL is released by whatever ends it (see Run).
+A request's lock on its REPL is owned by its Run from `_begin` and released in `end_run`, when
+the Run is answered (repl_run.RunState).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ import os
 import posixpath
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import trio
 
@@ -70,7 +71,7 @@ from toolsd.sandbox.channel import Ready
 from toolsd.sandbox.jobs import end_tree, pump, spawn_with_pipe
 from toolsd.tools.interpreter import Interpreter, Sending
 from toolsd.tools.output import Ring
-from toolsd.tools.repl_run import Run
+from toolsd.tools.repl_run import Run, RunState
 from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
 
 if TYPE_CHECKING:
@@ -204,11 +205,12 @@ class Repl:
                     # The turn ended while the interpreter started: aclose did not see it.
                     await interp.kill()
                     raise self.ended()
+            run = Run(self, interp, p, fresh, started)
         except BaseException:
-            self._lock.release()
+            self._lock.release()  # no Run took it
             raise
-        run = self._begin(interp, p, fresh, started)
         run.lost_before = lost
+        self._begin(run)
         return await run.finish()
 
     def start_detached(self, p: ReplExecParams, detached: Detached, session: Session) -> bool:
@@ -217,33 +219,36 @@ class Repl:
         interp = self._interp
         if self.closed or not self._lock.value or interp is None or interp.gone:
             return False
+        # Made before the lock is taken (nothing runs in between): if it raises, the lock
+        # stays free.
+        run = Run(self, interp, p, False, time.monotonic())
         self._lock.acquire_nowait()
-        run = self._begin(interp, p, False, time.monotonic())
+        self._begin(run)
         run.host_exec_now = session.repositories.look_now
 
         async def rest() -> ReplExecResult:
             return await session.reported(await run.finish())
 
         detached.rest = rest
-        run.detached = detached
+        run.detach(detached)
         if interp.sent is Sending.ALL:
             interp.wait_detached(run)
         else:
             detached.escalate()  # the pipe is full, or the interpreter gone: a task sees to it
         return True
 
-    def _begin(self, interp: Interpreter, p: ReplExecParams, fresh: bool,
-               started: float) -> Run:
-        """Start sending `p` to `interp`, the lock being ours; from here the Run owns it."""
-        try:
-            run = Run(self, interp, p, fresh, started)
-        except BaseException:
-            self._lock.release()
-            raise
-        interp.begin(run.line, run.feed)
-        return run
+    def _begin(self, run: Run) -> None:
+        """Start sending the request to its interpreter, the lock being ours; from here the
+        Run owns it, until `end_run`."""
+        run.interp.begin(run.line, run.feed)
 
-    async def _run(self, run: Run):
+    def end_run(self, run: Run) -> None:
+        """`run` is answered (RunState.ANSWERED): the next request may have the REPL. With
+        execute's error path before a Run exists, the only place the lock is released."""
+        assert run.state is RunState.ANSWERED
+        self._lock.release()
+
+    async def carry_out(self, run: Run):
         """(status, state_lost, notice, processes_ended) of a request begun on its
         interpreter: the rest of its code sent, then its sentinel within its deadline, or the
         interrupt."""
@@ -327,7 +332,7 @@ class Repl:
             self._late = Ring(LATE_BYTES)
         self._late.append(data)
 
-    def _take_late(self, feed) -> int:
+    def take_late(self, feed: Callable[[bytes], None]) -> int:
         """Feed output printed between requests first to a request's `feed`; returns the
         bytes of it that were not kept."""
         late, self._late = self._late, None
@@ -336,6 +341,11 @@ class Repl:
         data, _next, dropped = late.read(0, LATE_BYTES)
         feed(data)
         return dropped
+
+    @property
+    def cut_off(self) -> bool:
+        """The session's close ended this REPL (see aclose)."""
+        return self._cut_off is not None
 
     def ended(self) -> ToolsdError:
         """The error for a request on this REPL once it is closed."""

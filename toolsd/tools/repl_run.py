@@ -1,8 +1,24 @@
 """One repl.exec from the moment it has its REPL's lock (repl.py's): its output, its deadline,
-its result, and its end, in a task or, without one, on its sentinel."""
+its result, and its end, in a task or, without one, on its sentinel.
+
+Its state (RunState), with one transition function (`Run._move`):
+
+    BEGUN -> DETACHED | TASK
+    DETACHED -> TASK | ANSWERED
+    TASK -> ANSWERED            (final: entering it gives the REPL's lock back, Repl.end_run)
+
+- BEGUN: its code is on its way to the interpreter (Repl._begin).
+- DETACHED: no task waits for it (Repl.start_detached): the interpreter's pump tells it of
+  its sentinel (`sentinel_came`), or its watch hands it to a task (`needs_task`: deadline,
+  output closed, exit, kill); the connection can hand it to one too (`cancel`, closing).
+- TASK: a task runs `finish()`: Repl.execute's own, or the one a Detached escalated to.
+- ANSWERED: `finish()` returned or raised, or its sentinel was answered without a task.
+docs/sequences.md draws every way out of DETACHED.
+"""
 
 from __future__ import annotations
 
+import enum
 import time
 from typing import TYPE_CHECKING
 
@@ -23,10 +39,24 @@ if TYPE_CHECKING:
     from toolsd.tools.interpreter import Interpreter
     from toolsd.tools.repl import Repl
 
+class RunState(enum.Enum):
+    BEGUN = "begun"
+    DETACHED = "detached"
+    TASK = "task"
+    ANSWERED = "answered"
+
+
+_MOVES = {
+    RunState.BEGUN: {RunState.DETACHED, RunState.TASK},
+    RunState.DETACHED: {RunState.TASK, RunState.ANSWERED},
+    RunState.TASK: {RunState.ANSWERED},
+    RunState.ANSWERED: set(),
+}
+
+
 class Run:
     """One repl.exec from the moment it has its REPL's lock: its output, its deadline and its
-    result. The lock is released by whatever ends it: `finish()` in a task, or, for a request
-    without one (start_detached), the sentinel's arrival."""
+    result. It owns the lock until it is ANSWERED (see the module's docstring)."""
 
     def __init__(self, repl: Repl, interp: Interpreter, p: ReplExecParams, fresh: bool,
                  started: float):
@@ -39,8 +69,9 @@ class Run:
         self.out = HeadTail(p.max_output_chars)
         self.spill = repl.spills.start(p.max_output_chars) if p.spill and repl.spills else None
         self.feed = self.out.feed if self.spill is None else tee(self.out.feed, self.spill.feed)
-        self.late_dropped = repl._take_late(self.feed)
+        self.late_dropped = repl.take_late(self.feed)
         self.deadline = trio.current_time() + p.timeout_s
+        self.state = RunState.BEGUN
         self.detached: Detached | None = None  # for a request without a task
         # Before its code goes out: what starts after this is the request's (proctree).
         self.since = proctree.mark()
@@ -86,18 +117,30 @@ class Run:
                                   interrupted=signalled or frozenset())
         return done[0] if done else 0
 
+    def _move(self, to: RunState) -> None:
+        assert to in _MOVES[self.state], f"repl.exec run: {self.state} -> {to}"
+        self.state = to
+        if to is RunState.ANSWERED:
+            self.repl.end_run(self)
+
+    def detach(self, detached: Detached) -> None:
+        """It has no task: `detached` answers it, or hands it to one."""
+        self.detached = detached
+        self._move(RunState.DETACHED)
+
     async def finish(self) -> ReplExecResult:
         """The rest of the request, in a task."""
+        self._move(RunState.TASK)
         if self.interp.waiter is self:
             self.interp.waiter = None
         try:
-            status, state_lost, *details = await self.repl._run(self)
-            if state_lost and self.repl._cut_off is not None:
+            status, state_lost, *details = await self.repl.carry_out(self)
+            if state_lost and self.repl.cut_off:
                 # Its interpreter was killed by the session's close, not by the code.
                 raise self.repl.ended()
             return self.result(status, state_lost, *details)
         finally:
-            self.repl._lock.release()
+            self._move(RunState.ANSWERED)
             if self.spill is not None:
                 self.spill.discard()  # a no-op once its result has it
 
@@ -113,11 +156,12 @@ class Run:
         result = self.result("ok" if ok else "error")
         result.host_exec = host_exec or UNSET
         if self.detached.finish(result):
-            self.repl._lock.release()
+            self._move(RunState.ANSWERED)
         # else a task has the request: it finds the sentinel
 
     def needs_task(self) -> None:
-        """Its deadline passed, or the interpreter is gone."""
+        """Its deadline passed, or the interpreter is gone: a task takes it (TASK once that
+        task runs `finish`)."""
         self.detached.escalate()
 
 
