@@ -26,8 +26,8 @@ and every shim write to the control channel without a lock.
     daemon -> reader shim, spawn channel: spawn (fds: the child's fds 0, 1, 2, ...)
     daemon -> launcher:  ping
     launcher -> daemon:  ready (fds: pidfd of the launcher), pong, error
-    shim -> daemon:      started (fds: pidfd of the command, pidfd of the shim, hold pipe),
-                         error, exited ("done": true when nothing of the tree is left), done
+    shim -> daemon:      started (fds: pidfd of the command, pidfd of the shim, hold pipe,
+                         and the terminal's master side for a "tty" request), error, exited ("done": true when nothing of the tree is left), done
     shim -> launcher:    "took", "idle" or "retire" on its private socketpair; the job it
                          takes in shared memory
     launcher -> standby: "go" + the marshalled list of jobs to drop, on its private socketpair
@@ -508,9 +508,35 @@ class Limits:
         return times.user + times.system >= limit[0] / 2
 
 
-def start_command(req, fds, limits, slot):
+def open_terminal(size):
+    """A new pseudo-terminal of the sandbox's own /dev/pts, sized [cols, rows]: (master fd,
+    the terminal's path). Made here, inside the sandbox, so that the program's terminal is
+    one the session's devpts holds; the daemon gets the master side. StartError if none can
+    be made."""
+    import fcntl  # only now: a terminal is rare, and each module costs every shim's start
+    import termios
+    try:
+        cols, rows = (int(n) for n in size)
+        master, slave = os.openpty()
+    except (OSError, ValueError, TypeError) as e:
+        raise StartError("cannot open a terminal in the sandbox: %s" % (e,))
+    try:
+        fcntl.ioctl(master, termios.TIOCSWINSZ,
+                    rows.to_bytes(2, sys.byteorder) + cols.to_bytes(2, sys.byteorder)
+                    + bytes(4))
+        return master, os.ttyname(slave)
+    except (OSError, OverflowError) as e:
+        os.close(master)
+        raise StartError("cannot set up a terminal in the sandbox: %s" % (e,))
+    finally:
+        # The program opens it again by path, which makes it its controlling terminal.
+        os.close(slave)
+
+
+def start_command(req, fds, limits, slot, terminal=None):
     """chdir, rlimits, posix_spawn. Runs in the shim, so the chdir and the limits touch only
-    the shim and its commands. Closes fds. Returns the command's pid."""
+    the shim and its commands. Closes fds. Returns the command's pid. With `terminal` (a
+    path) the command's fds 0, 1 and 2 are that terminal instead of the first three fds."""
     moved = []
     try:
         argv = req["argv"]
@@ -534,7 +560,13 @@ def start_command(req, fds, limits, slot):
         floor = max(10, len(fds))
         for fd in fds:
             moved.append(dup_above(fd, floor))
-        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(moved)]
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(moved)
+                   if terminal is None or target > 2]
+        if terminal is not None:
+            # Opened after setsid (glibc runs the file actions after it) and without
+            # O_NOCTTY: the program, a session leader, gets it as its controlling terminal.
+            actions += [(os.POSIX_SPAWN_OPEN, 0, terminal, os.O_RDWR, 0),
+                        (os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
         SLOT.pack_into(slot, 0, SPAWNING, req["job"], 0)
         try:
             return os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
@@ -650,9 +682,15 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
     """Start the command, report it, reap its tree, wait for the daemon's release (see the
     module docstring). Returns whether this shim may take another job."""
     job = req["job"]
+    master = None
     try:
-        pid = start_command(req, fds, limits, slot)
+        terminal = None
+        if req.get("tty"):
+            master, terminal = open_terminal(req["tty"])
+        pid = start_command(req, fds, limits, slot, terminal)
     except Exception as e:
+        if master is not None:
+            os.close(master)
         message = str(e) if isinstance(e, StartError) else "launcher error: %r" % (e,)
         # "took" before any word to the daemon: a request the daemon sends after hearing
         # from us must never wait on a launcher that thinks we still read.
@@ -666,8 +704,11 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
     SLOT.pack_into(slot, 0, SPAWNING, job, pid)
     child_fd = os.pidfd_open(pid)
     tell(private, b"took")
-    send(host, {"op": "started", "job": job, "pid": pid}, [child_fd, self_fd, hold_w])
+    send(host, {"op": "started", "job": job, "pid": pid},
+         [child_fd, self_fd, hold_w] + ([] if master is None else [master]))
     os.close(hold_w)
+    if master is not None:
+        os.close(master)  # the daemon's now: no copy of ours keeps the terminal open
     # Reported first: the command may stop us as soon as it runs. Then, if something changed
     # us between take_job's check and the spawn, the command may have inherited it: it is
     # killed (too young to have started anything; its exit is reported as SIGKILL), and we

@@ -94,12 +94,15 @@ def decode(data: bytes) -> FromLauncher | object:
 
 
 def spawn_message(job: int, argv: list[str], cwd: str, env: Mapping[str, str],
-                  rlimits: Mapping[str, tuple[int, int]] | None, ack: bool) -> dict:
+                  rlimits: Mapping[str, tuple[int, int]] | None, ack: bool,
+                  tty: tuple[int, int] | None = None) -> dict:
     """A spawn request (fds: the command's stdin, stdout, stderr, then its extra fds). Rlimit
-    pairs go as lists: the launcher compares them with the lists it applied last."""
+    pairs go as lists: the launcher compares them with the lists it applied last. With `tty`
+    (cols, rows) the command's fds 0-2 are a new terminal instead; `started` then brings its
+    master side as a fourth fd."""
     return {"op": "spawn", "job": job, "argv": argv, "cwd": cwd, "env": dict(env),
             "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()},
-            "ack": ack}
+            "ack": ack, **({"tty": list(tty)} if tty else {})}
 
 
 def ping_message(n: int) -> dict:

@@ -98,6 +98,7 @@ class Job:
         self.exit_code: int | None = None
         self.signal: int | None = None
         self.failure: Failure | None = None
+        self.terminal_fd = -1  # a "tty" spawn's master side: whoever spawned it closes it
         self.abandoned = False
         self.answered = trio.Event()
         self.exited = trio.Event()
@@ -182,6 +183,12 @@ class Job:
         """Nobody wants the job any more (and nobody will let it go later)."""
         self.abandoned = True
         self.let_go()
+        self.close_terminal()
+
+    def close_terminal(self) -> None:
+        if self.terminal_fd != -1:
+            os.close(self.terminal_fd)
+            self.terminal_fd = -1
 
     async def wait(self) -> tuple[int | None, int | None]:
         """(exit_code, signal) once the command has exited; LauncherDied if it never will be

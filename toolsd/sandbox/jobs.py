@@ -61,7 +61,7 @@ def open_devnull() -> int:
 async def spawn(session, argv: list[str], *, cwd: str, env: dict[str, str], stdin: int,
                 stdout: int, stderr: int, extra_fds=(), want_pid: bool = True,
                 held: bool = False, what: str | None = None,
-                error_code: str = BAD_PARAMS):
+                error_code: str = BAD_PARAMS, tty: tuple[int, int] | None = None):
     """Start `argv` in the session's sandbox (Launcher.spawn: the fds stay the caller's) and
     return its Job: the one way every tool starts a command. A launcher that does not answer
     within SPAWN_TIMEOUT_S is stuck, and ends the sandbox. The launcher's errors become the
@@ -75,7 +75,8 @@ async def spawn(session, argv: list[str], *, cwd: str, env: dict[str, str], stdi
         with trio.move_on_after(SPAWN_TIMEOUT_S) as waited:
             job = await session.launcher.spawn(
                 argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
-                rlimits=session.rlimits, extra_fds=extra_fds, want_pid=want_pid, held=held)
+                rlimits=session.rlimits, extra_fds=extra_fds, want_pid=want_pid, held=held,
+                tty=tty)
         if waited.cancelled_caught:
             # The launcher answers in milliseconds; one that does not is stuck (unsandboxed,
             # a command of the session can stop it; sandboxed, the host can). Nothing can be
@@ -96,13 +97,20 @@ async def spawn(session, argv: list[str], *, cwd: str, env: dict[str, str], stdi
 
 
 async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, str],
-                          extra_fds=(), want_pid: bool = True, held: bool = False):
-    """Spawn `argv` in the session with stdin /dev/null and stdout+stderr one pipe.
-    Returns (job, read_fd); the caller owns read_fd."""
+                          extra_fds=(), want_pid: bool = True, held: bool = False,
+                          stdin: int | None = None, tty: tuple[int, int] | None = None):
+    """Spawn `argv` in the session with stdin /dev/null (or the fd `stdin`, which stays the
+    caller's) and stdout+stderr one pipe. Returns (job, read_fd); the caller owns read_fd.
+    With `tty` (cols, rows) fds 0-2 are a new terminal instead, and read_fd is its master
+    side, which the process's input is written to as well."""
+    if tty is not None:
+        return await spawn_with_terminal(session, argv, cwd=cwd, env=env, tty=tty,
+                                         extra_fds=extra_fds, want_pid=want_pid, held=held)
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     devnull = open_devnull()
     try:
-        job = await spawn(session, argv, cwd=cwd, env=env, stdin=devnull, stdout=write_fd,
+        job = await spawn(session, argv, cwd=cwd, env=env,
+                          stdin=devnull if stdin is None else stdin, stdout=write_fd,
                           stderr=write_fd, extra_fds=extra_fds, want_pid=want_pid, held=held)
     except BaseException:  # also cancelled: the client went away mid-spawn
         os.close(read_fd)
@@ -115,11 +123,28 @@ async def spawn_with_pipe(session, argv: list[str], *, cwd: str, env: dict[str, 
     return job, read_fd
 
 
+async def spawn_with_terminal(session, argv: list[str], *, cwd: str, env: dict[str, str],
+                              tty: tuple[int, int], **options):
+    """spawn_with_pipe's `tty` case: (job, the terminal's master side, the caller's)."""
+    devnull = open_devnull()
+    try:
+        job = await spawn(session, argv, cwd=cwd, env=env, stdin=devnull, stdout=devnull,
+                          stderr=devnull, tty=tty, **options)
+    finally:
+        os.close(devnull)
+    master, job.terminal_fd = job.terminal_fd, -1
+    if master == -1:  # the launcher never sends a `started` without it for a tty request
+        raise ToolsdError(BAD_PARAMS, f"could not start {argv[0]} on a terminal: the sandbox "
+                          f"launcher gave none back; start it without tty")
+    return job, master
+
+
 async def spawn_shell(session, command: str, *, cwd: str, env: dict[str, str],
-                      extra_fds=(), want_pid: bool = True, held: bool = False):
+                      extra_fds=(), want_pid: bool = True, held: bool = False, **options):
     """spawn_with_pipe for `command` run by the session's shell, however big it is (see
     shell_argv): `extra_fds` are the shell's fds 3, 4, ... as for spawn_with_pipe; a big
-    command's own comes after them. Returns (job, read_fd)."""
+    command's own comes after them; `options` are spawn_with_pipe's `stdin` and `tty`.
+    Returns (job, read_fd)."""
     _shell_name, shell_path = session.shell
     script_fd = 3 + len(extra_fds)
     try:
@@ -128,12 +153,12 @@ async def spawn_shell(session, command: str, *, cwd: str, env: dict[str, str],
         raise ToolsdError(BAD_PARAMS, str(e)) from None
     if script is None:
         return await spawn_with_pipe(session, argv, cwd=cwd, env=env, extra_fds=extra_fds,
-                                     want_pid=want_pid, held=held)
+                                     want_pid=want_pid, held=held, **options)
     script_file = memory_file(script)
     try:
         return await spawn_with_pipe(session, argv, cwd=cwd, env=env,
                                      extra_fds=[*extra_fds, script_file], want_pid=want_pid,
-                                     held=held)
+                                     held=held, **options)
     finally:
         os.close(script_file)  # the shell has its own copy, and closes it before the command
 

@@ -193,6 +193,8 @@ class Launcher:
                 # Closing the hold pipe (see Job) frees the shim for other jobs.
                 job.started(host_pid_of(fds[1]), fds.pop(2),
                             host_pid_of(fds[0]) if job.want_pid else -1)
+                if len(fds) > 2 and not job.abandoned:
+                    job.terminal_fd = fds.pop(2)  # a "tty" spawn's master side
                 if job.abandoned:
                     try:
                         signal.pidfd_send_signal(fds[0], signal.SIGKILL)
@@ -259,32 +261,34 @@ class Launcher:
                     stdin: int, stdout: int, stderr: int,
                     rlimits: dict[str, tuple[int, int]] | None = None,
                     extra_fds: Sequence[int] = (), want_pid: bool = True,
-                    held: bool = False) -> Job:
+                    held: bool = False, tty: tuple[int, int] | None = None) -> Job:
         """Start `argv` in the sandbox, in its own session, with stdin/stdout/stderr and then
         extra_fds as its fds 0, 1, 2, 3, ...; `argv[0]` is looked up on env's PATH. Returns
         once the command runs. LauncherError says why it could not start. With
         `want_pid=False` job.pid stays -1 (the command and its tree are still reached through
         the shim), which spares the shim a wakeup on the spawn's path. With `held=True` the
         shim stays this job's until `job.let_go()`, even once the job is done: a caller can
-        answer first, and wake the shim for its next job after."""
+        answer first, and wake the shim for its next job after. `tty` (cols, rows): fds 0-2 are
+        a new terminal of the sandbox, its master side in job.terminal_fd, the caller's."""
         if not argv:
             raise LauncherError("empty command: give at least the program to run")
         fds = [stdin, stdout, stderr, *extra_fds]
         tries = 1
         while (job := await self._spawn_once(argv, cwd, env, fds, rlimits, want_pid, held,
-                                             last_try=tries == SPAWN_TRIES)) is None:
+                                             tty, last_try=tries == SPAWN_TRIES)) is None:
             tries += 1
         return job
 
     async def _spawn_once(self, argv: list[str], cwd: str, env: dict[str, str],
                           fds: list[int], rlimits: dict[str, tuple[int, int]] | None,
-                          want_pid: bool, held: bool, *, last_try: bool) -> Job | None:
+                          want_pid: bool, held: bool, tty: tuple[int, int] | None, *,
+                          last_try: bool) -> Job | None:
         """One spawn request; None if the sandbox's code killed the shim that took it before
         it ran the command (and this is not the `last_try`): it may be sent again."""
         self._check_alive()
         job = Job(next(self._numbers), [str(a) for a in argv], want_pid, held)
         self._jobs[job.job] = job
-        msg = spawn_message(job.job, job.argv, cwd, env, rlimits, ack=want_pid)
+        msg = spawn_message(job.job, job.argv, cwd, env, rlimits, ack=want_pid, tty=tty)
         try:
             await self._send(msg, fds, spawn=True)
         except BaseException:
