@@ -176,3 +176,9 @@ class Methods:
 
     def image_read(self, session: str, path: str, **options: Any):
         return self.call("image.read", session=session, path=path, **options)
+
+    def process_write(self, id: str, data: str = "", **options: Any):
+        return self.call("process.write", id=id, data=data, **options)
+
+    def process_resize(self, id: str, cols: int, rows: int):
+        return self.call("process.resize", id=id, cols=cols, rows=rows)

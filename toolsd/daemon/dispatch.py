@@ -19,6 +19,12 @@ import trio
 
 from toolsd.tools import images, processes, repl, shell
 from toolsd.tools.calls import Answer, Detached
+from toolsd.wire.process_input import (
+    ProcessResizeParams,
+    ProcessResizeResult,
+    ProcessWriteParams,
+    ProcessWriteResult,
+)
 from toolsd.wire.protocol import (
     FEATURES,
     CancelParams,
@@ -142,6 +148,18 @@ async def process_stop(sup: Supervisor, p: ProcessStopParams) -> ProcessStopResu
         return await proc.session.reported(await processes.stop(proc, p))
 
 
+async def process_write(sup: Supervisor, p: ProcessWriteParams) -> ProcessWriteResult:
+    proc = sup.process(p.id)
+    with proc.session.call():
+        return await proc.session.reported(await processes.write(proc, p))
+
+
+async def process_resize(sup: Supervisor, p: ProcessResizeParams) -> ProcessResizeResult:
+    proc = sup.process(p.id)
+    with proc.session.call():
+        return await proc.session.reported(await processes.resize(proc, p))
+
+
 async def process_list(sup: Supervisor, p: ProcessListParams) -> ProcessListResult:
     return await processes.listing(sup, p)
 
@@ -184,6 +202,8 @@ METHODS: Final[dict[str, Method]] = {
     "process.start": Method(ProcessStartParams, process_start),
     "process.output": Method(ProcessOutputParams, process_output),
     "process.stop": Method(ProcessStopParams, process_stop),
+    "process.write": Method(ProcessWriteParams, process_write),
+    "process.resize": Method(ProcessResizeParams, process_resize),
     "process.list": Method(ProcessListParams, process_list),
     "image.read": Method(ImageReadParams, image_read),
 }

@@ -86,7 +86,7 @@ class BackgroundProcess:
     `stopped` is not a state but how it ended: by our signals rather than on its own."""
 
     def __init__(self, process_id: str, session, command: str, name: str, job,
-                 log_file: CappedLog, oom_kills_before: int | None = None):
+                 log_file: CappedLog, oom_kills_before: int | None = None, input=None):
         self.id = process_id
         self.session = session
         self.command = clip(command.encode(), COMMAND_SHOWN_CHARS)[0]
@@ -109,6 +109,7 @@ class BackgroundProcess:
         self._forgotten = trio.Event()
         self._oom_kills_before = oom_kills_before  # the session's, as it started
         self._cpu_samples: dict[int, tuple[psutil.Process, float, float]] = {}
+        self.input = input  # a ProcessInput (terminal_input.py) for tty or stdin "pipe"
 
     # ------------------------------------------------------------ state
 
@@ -174,6 +175,8 @@ class BackgroundProcess:
     async def _wait_exit(self) -> None:
         await self.job.exited.wait()
         self._exit_seen()
+        if self.input is not None:
+            self.input.close()  # exited: it reads no more (its tree's leftovers neither)
         self._notify()
         with trio.move_on_after(EXIT_DRAIN_S):
             await self.output_done.wait()
@@ -195,6 +198,8 @@ class BackgroundProcess:
         if self.retired:
             return
         self._move(ProcessState.RETIRED)
+        if self.input is not None:
+            self.input.close()
         self.output_done.set()
         if self.ended_at is None:
             self.ended_at = time.time()

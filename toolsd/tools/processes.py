@@ -15,9 +15,18 @@ import trio
 from toolsd.runtime import threads
 from toolsd.sandbox.jobs import signal_name, spawn_shell
 from toolsd.tools.background import CPU_THREADS, BackgroundProcess, remove_log
+from toolsd.tools import input_wait
 from toolsd.tools.capped_log import CappedLog
 from toolsd.tools.output import head_piece, tail_piece
+from toolsd.tools.plain_text import strip_escapes
+from toolsd.tools.terminal_input import ProcessInput, no_input, terminal_env
 from toolsd.tools.until import compile_until
+from toolsd.wire.process_input import (
+    ProcessResizeParams,
+    ProcessResizeResult,
+    ProcessWriteParams,
+    ProcessWriteResult,
+)
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     IO_ERROR,
@@ -76,24 +85,43 @@ async def start(supervisor: Supervisor, session: Session,
                           f"{supervisor.state.logs} ({e.strerror}); free disk space or fix "
                           f"the state folder's permissions") from None
     oom_kills = session.oom_kills()
+    source, options = None, {}
+    if p.tty:
+        options["tty"] = (p.cols, p.rows)
+        env = terminal_env(env, p.env)
+    elif p.stdin == "pipe":
+        source, options["stdin"] = ProcessInput.pipe(process_id)
     try:
-        job, read_fd = await spawn_shell(session, p.command, cwd=cwd, env=env)
+        job, read_fd = await spawn_shell(session, p.command, cwd=cwd, env=env, **options)
+        if p.tty:
+            # Our own copy for writes: the pump closes read_fd at the terminal's end.
+            source = ProcessInput(process_id, os.dup(read_fd), terminal=True)
     except ToolsdError:
+        if source is not None:
+            source.close()
         remove_log(log_file, process_id)
         # The session may have closed while we spawned (its launcher's refusal then reads
         # like a bad command): say what really happened.
         session.check_open()
         raise
     except BaseException:
+        if source is not None:
+            source.close()
         remove_log(log_file, process_id)
         raise
+    finally:
+        if "stdin" in options:
+            os.close(options["stdin"])  # the command's end: it has its own copy now
     if session.closed:
         # Closed while we spawned: its sandbox ends the command; nobody would watch it here.
         os.close(read_fd)
+        if source is not None:
+            source.close()
         remove_log(log_file, process_id)
         raise ToolsdError(SESSION_CLOSED, f"process.start: session {session.id} was closed "
                           f"while the command started; open a new session")
-    proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file, oom_kills)
+    proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file, oom_kills,
+                             source)
     supervisor.add_process(proc)
     session.keep_active(job)
     session.start_soon(proc.watch, read_fd)
@@ -133,10 +161,44 @@ async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutp
         # reader of the shared mark starts after this read's output.
         proc.read_mark = max(proc.read_mark, end)
     text, truncated, dropped = await read_range(proc, start, end, p.max_output_chars)
+    if p.plain:
+        text = strip_escapes(text)
     return ProcessOutputResult(
         id=proc.id, status=proc.status, exit_code=proc.job.exit_code,
         signal=signal_name(proc.job.signal), output=text, next=end,
-        dropped_bytes=dropped, truncated=truncated)
+        dropped_bytes=dropped, truncated=truncated,
+        waiting_for_input=await input_wait.waiting(proc))
+
+
+async def write(proc: BackgroundProcess, p: ProcessWriteParams) -> ProcessWriteResult:
+    """Never waits for the process: what it does not take now comes back as a short count."""
+    source = proc.input
+    if source is None:
+        raise no_input(proc.id)
+    data = p.data.encode(errors="surrogatepass")
+    if source.open and proc.running and source.terminal and source.wakes_reader(data):
+        # Taken before the write: a reader still at these counts has not seen it yet.
+        before = await input_wait.switches_now(proc)
+    else:
+        before = None
+    if not proc.running:
+        source.close()  # its exit may not have been noted yet: refuse as it will be
+    elif proc.output_done.is_set():
+        source.terminal_closed()
+    written = source.write(data, p.eof)
+    if before is not None and written:
+        source.before_write = before
+    return ProcessWriteResult(written=written)
+
+
+async def resize(proc: BackgroundProcess, p: ProcessResizeParams) -> ProcessResizeResult:
+    if proc.input is None or not proc.input.terminal:
+        raise ToolsdError(BAD_PARAMS, f"process.resize: {proc.id} has no terminal (it was "
+                          f"started without tty: true); nothing to resize")
+    if not proc.running:
+        proc.input.close()
+    proc.input.resize(p.cols, p.rows)
+    return ProcessResizeResult()
 
 
 async def read_range(proc: BackgroundProcess, start: int, end: int, max_chars: int):

@@ -1,9 +1,8 @@
 """The wire contract (../shared/PROTOCOL.md, version 1 and its additive 1.1) as msgspec Structs.
 
-Every request's params and every result is a Struct here; the decoders are built once at import.
-New fields always get defaults: that is how the protocol grows without breaking clients.
-Unknown extra params are ignored (msgspec's default), as the contract asks.
-"""
+Every request's params and every result is a Struct here (process.write's and process.resize's
+in process_input.py); the decoders are built once at import. New fields always get defaults:
+that is how the protocol grows without breaking clients. Unknown extra params are ignored."""
 
 from __future__ import annotations
 
@@ -13,11 +12,13 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from toolsd.wire.process_input import TerminalSide
+
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd", "figures")
+FEATURES = ("spill", "cwd", "figures", "tty", "stdin")
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"
@@ -238,11 +239,10 @@ class ProcessStartParams(Struct):
     cwd: str | None = None
     env: Env = {}
     name: str = ""
-    # 1.1 "tty" and "stdin", not built (UNBUILT)
-    tty: bool = False
-    cols: int = 120
-    rows: int = 40
-    stdin: str = "null"
+    tty: bool = False  # 1.1 "tty": on a terminal of its own (see process_input.py)
+    cols: TerminalSide = 120
+    rows: TerminalSide = 40
+    stdin: Literal["null", "pipe"] = "null"  # 1.1 "stdin"; ignored with tty
 
 
 class ProcessStartResult(Struct):
@@ -258,7 +258,7 @@ class ProcessOutputParams(Struct):
     until: str | None = None
     max_output_chars: Chars = 30000
     stream: bool = False  # 1.1 "stream", not built (UNBUILT)
-    plain: bool = False  # 1.1 "tty", not built (UNBUILT)
+    plain: bool = False  # 1.1 "tty": terminal escape sequences removed
 
 
 class ProcessOutputResult(Struct):
@@ -270,6 +270,7 @@ class ProcessOutputResult(Struct):
     next: int
     dropped_bytes: int
     truncated: bool
+    waiting_for_input: bool = False  # 1.1 "tty"/"stdin": blocked reading input, none pending
     host_exec: HostExec = UNSET
 
 
@@ -361,8 +362,7 @@ _param_decoders: dict[type, msgspec.msgpack.Decoder] = {}
 UNBUILT: dict[type, dict[str, str]] = {
     ShellRunParams: {"stream": "stream"},
     ReplExecParams: {"stream": "stream"},
-    ProcessOutputParams: {"stream": "stream", "plain": "tty"},
-    ProcessStartParams: {"tty": "tty", "cols": "tty", "rows": "tty", "stdin": "stdin"},
+    ProcessOutputParams: {"stream": "stream"},
 }
 _UNBUILT_DEFAULTS = {
     cls: [(f.name, f.default, fields[f.name]) for f in msgspec.structs.fields(cls)

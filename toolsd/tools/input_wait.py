@@ -1,0 +1,143 @@
+"""`waiting_for_input` of a background process: read what the kernel says about the processes
+that would read its input (waiting.py decides). Blocking /proc reads: call `waiting` and
+`switches_now`, which run them in a worker thread.
+
+Who could read the input: on a terminal, the processes of the tree in the terminal's
+foreground process group (what a shell's job control lets read it); on a pipe, every process
+of the tree that holds the pipe's read end.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+
+import trio
+
+from toolsd.runtime import threads
+from toolsd.sandbox import proctree
+from toolsd.tools.waiting import (
+    MAX_WATCHED,
+    ProcessView,
+    blocked_call,
+    epoll_read_fds,
+    is_waiting,
+    poll_read_fds,
+    select_read_fds,
+)
+
+MACHINE = os.uname().machine
+# Looks at once, at most: each reads a few files per process of one tree.
+LOOK_THREADS = 2
+# The number of a pty master's terminal: _IOR('T', 0x30, unsigned int), which Python's
+# termios does not name; the same on x86_64 and aarch64.
+TIOCGPTN = 0x80045430
+
+
+async def waiting(proc) -> bool:
+    """Whether BackgroundProcess `proc` waits for input now (false without input)."""
+    source = proc.input
+    if source is None or not source.open or not proc.running:
+        return False
+    pending = source.pending()
+    if pending:
+        return False
+    with proc.job.holding_tree() as shim_pid:
+        if shim_pid is None:
+            return False
+        views = await trio.to_thread.run_sync(_look, shim_pid, source.fd, source.terminal,
+                                              limiter=threads.limiter("input", LOOK_THREADS))
+    if source.before_write and not any(source.before_write.get(v.pid) == v.switches
+                                       for v in views):
+        source.before_write = None  # every reader has run since: the write reached them
+    return is_waiting(views, MACHINE, before_write=source.before_write)
+
+
+async def switches_now(proc) -> dict[int, int]:
+    """Context switches of the processes that could read `proc`'s input, by pid."""
+    with proc.job.holding_tree() as shim_pid:
+        if shim_pid is None or not proc.input.open:
+            return {}
+        views = await trio.to_thread.run_sync(_look, shim_pid, proc.input.fd,
+                                              proc.input.terminal, False,
+                                              limiter=threads.limiter("input", LOOK_THREADS))
+    return {v.pid: v.switches for v in views}
+
+
+def _look(shim_pid: int, fd: int, terminal: bool, full: bool = True) -> list[ProcessView]:
+    """Views of the processes below `shim_pid` that could read the input `fd` (our end)."""
+    pids = [p.pid for p in proctree.descendants(shim_pid)]
+    try:
+        if terminal:
+            group = os.tcgetpgrp(fd)
+            number = struct.unpack("I", fcntl.ioctl(fd, TIOCGPTN, b"\0" * 4))[0]
+            device = os.makedev(136 + number // 256, number % 256)  # UNIX98 pty slaves
+            pids = [pid for pid in pids if _pgid(pid) == group]
+
+            def is_input(pid: int, link: str, n: int) -> bool:
+                return os.stat(f"/proc/{pid}/fd/{n}").st_rdev == device
+        else:
+            link_text = f"pipe:[{os.fstat(fd).st_ino}]"
+
+            def is_input(pid: int, link: str, n: int) -> bool:
+                return link == link_text
+    except OSError:
+        return []
+    views = []
+    for pid in pids:
+        try:
+            views.append(_view(pid, is_input, full))
+        except OSError:
+            continue  # gone while we looked
+    return views
+
+
+def _view(pid: int, is_input, full: bool) -> ProcessView:
+    base = f"/proc/{pid}"
+    status = _read(f"{base}/status")
+    switches = sum(int(line.split()[1]) for line in status.splitlines()
+                   if "ctxt_switches:" in line)
+    if not full:
+        return ProcessView(pid, "", "", "", frozenset(), None, switches)
+    stat, syscall, wchan = _read(f"{base}/stat"), _read(f"{base}/syscall"), _read(f"{base}/wchan")
+    inputs = set()
+    for name in os.listdir(f"{base}/fd"):
+        try:
+            if is_input(pid, os.readlink(f"{base}/fd/{name}"), int(name)):
+                inputs.add(int(name))
+        except (OSError, ValueError):
+            continue
+    watched = None
+    wait = blocked_call(syscall, MACHINE)
+    if inputs and wait is not None and wait.kind != "read":
+        try:
+            watched = _watched(base, wait)
+        except (OSError, ValueError, OverflowError):
+            watched = None
+    return ProcessView(pid, stat, syscall, wchan, frozenset(inputs), watched, switches)
+
+
+def _watched(base: str, wait) -> frozenset[int]:
+    if wait.kind == "epoll":
+        return epoll_read_fds(_read(f"{base}/fdinfo/{wait.first}"))
+    if wait.address == 0:
+        return frozenset()
+    size = ((min(wait.first, MAX_WATCHED) + 7) // 8 if wait.kind == "select"
+            else 8 * min(wait.first, MAX_WATCHED))
+    with open(f"{base}/mem", "rb", buffering=0) as mem:
+        mem.seek(wait.address)
+        data = mem.read(size)
+    return select_read_fds(data, wait.first) if wait.kind == "select" else poll_read_fds(data)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _read(path: str) -> str:
+    with open(path, "rb", buffering=0) as f:
+        return f.read(4096).decode(errors="replace")
