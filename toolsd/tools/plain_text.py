@@ -18,8 +18,8 @@ import re
 _ESCAPES = re.compile(
     r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"  # CSI: parameters, intermediates, final
     r"|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # strings, to their terminator
-    r"|\x1b[ -/]*[0-~]"  # other escapes
     r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*\Z"  # a CSI cut at the end
+    r"|\x1b[ -/]*[0-~]"  # other escapes
     r"|\x1b[ -/]*\Z"  # an escape cut at the end
     r"|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]"  # controls but \t \n \r (and ESC: above)
     r"|\x1b"  # a stray ESC
