@@ -6,12 +6,24 @@ import argparse
 import sys
 
 from agent import cli as agent_cli, mcp_server
-from toolsd.cli import doctor, exec as exec_, image, kill, logs, ps, repl, serve, status
+from toolsd.cli import (
+    attach,
+    doctor,
+    exec as exec_,
+    image,
+    kill,
+    logs,
+    ps,
+    repl,
+    serve,
+    status,
+)
 from toolsd.client import ToolsdError
 
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
-COMMANDS = (serve, status, doctor, exec_, image, ps, logs, kill, repl, agent_cli, mcp_server)
+COMMANDS = (serve, status, doctor, exec_, image, ps, logs, attach, kill, repl, agent_cli,
+            mcp_server)
 
 
 def main(argv: list[str] | None = None) -> int:
