@@ -52,7 +52,7 @@ def sha256_in_session(client, session, path: str) -> str:
 
 
 def test_hello_lists_the_features_built(client):
-    assert client.hello()["features"] == ["spill", "cwd", "figures"]
+    assert client.hello()["features"] == ["spill", "cwd", "figures", "tty", "stdin"]
 
 
 def test_a_cut_output_is_kept_whole_in_a_file(client, session):
@@ -170,12 +170,6 @@ def test_unbuilt_features_are_refused_by_name(client, session):
     with pytest.raises(ToolsdError) as e:
         client.shell_run(session, "true", stream=True)
     assert e.value.code == "bad_params" and "'stream'" in e.value.message
-    with pytest.raises(ToolsdError) as e:
-        client.process_start(session, "cat", tty=True)
-    assert e.value.code == "bad_params" and "'tty'" in e.value.message
-    with pytest.raises(ToolsdError) as e:
-        client.process_start(session, "cat", stdin="pipe")
-    assert e.value.code == "bad_params" and "'stdin'" in e.value.message
     # The defaults, said out loud, are not a use of the feature.
     assert client.shell_run(session, "echo ok", stream=False)["output"] == "ok\n"
 

@@ -197,6 +197,12 @@ def test_writing_where_no_input_is_refused_clearly(client, session):
     client.process_stop(plain["id"])
 
 
+def test_a_stdin_other_than_null_or_pipe_is_refused_by_name(client, session):
+    with pytest.raises(ToolsdError) as e:
+        client.process_start(session, "cat", stdin="file")
+    assert e.value.code == "bad_params" and "params.stdin" in e.value.message
+
+
 @pytest.mark.parametrize("cols,rows", [(0, 24), (80, -1), (80, 70000), (10**12, 24)])
 def test_terminal_sizes_out_of_range_are_refused_by_name(client, session, cols, rows):
     with pytest.raises(ToolsdError) as e:
