@@ -182,7 +182,7 @@ def test_exception_keeps_variables_and_shows_user_traceback(repl):
     assert text.endswith("ZeroDivisionError: division by zero\n")
     assert 'File "<repl-2>", line 4, in <module>' in text
     assert "return 1 / 0" in text  # source lines come through linecache
-    assert "python_repl.py" not in text  # no driver frames
+    assert "python_repl" not in text  # no driver frames (nor its parts')
     assert repl.exec("kept") == ("ok", b"'yes'\n")
 
 
@@ -292,7 +292,7 @@ def test_sigint_interrupts_busy_loop_and_keeps_state(repl):
     status, out = repl.read_reply()
     assert status == "interrupted"
     assert out.decode().endswith("KeyboardInterrupt\n")
-    assert "python_repl.py" not in out.decode()
+    assert "python_repl" not in out.decode()
     status, out = repl.exec("n > 0")
     assert (status, out) == ("ok", b"True\n")
 
@@ -447,6 +447,20 @@ def test_namespace_is_a_clean_main_module(repl):
         "sys.modules['__main__'].__dict__ is globals()]"
     )
     assert (status, out) == ("ok", b"['__main__', [''], False, True]\n")
+
+
+def test_a_users_module_cannot_stand_in_for_a_part_of_the_driver(tmp_path):
+    # PYTHONSAFEPATH leaves the driver's folder out of sys.path: PYTHONPATH comes first then.
+    for part in DRIVER.parent.glob("_python_repl_*.py"):
+        (tmp_path / part.name).write_text("raise SystemExit('the user module ran')\n")
+    driver = DriverProcess(["env", "PYTHONSAFEPATH=1", f"PYTHONPATH={tmp_path}",
+                            sys.executable, str(DRIVER)])
+    try:
+        assert driver.exec("import asyncio\nawait asyncio.sleep(0)\n1 + 1") == ("ok", b"2\n")
+        status, out = driver.exec("1 / 0")
+        assert status == "error" and out.endswith(b"ZeroDivisionError: division by zero\n")
+    finally:
+        driver.close()
 
 
 def test_classes_defined_in_the_repl_can_be_pickled(repl):
