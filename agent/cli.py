@@ -194,10 +194,11 @@ class Run:
     async def main(self) -> int:
         import trio
 
+        from agent.agent import Agent
         from agent.conversation import ConversationError
         from agent.linereader import LineReader
         from agent.terminal import Terminal
-        from agent.turn import Agent, AgentConfig
+        from agent.turn import AgentConfig
         from toolsd.client import ToolsdError
 
         args = self.args

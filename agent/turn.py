@@ -1,4 +1,4 @@
-"""The turn loop, and the Agent that runs it turn after turn.
+"""The turn loop: one prompt's model requests and tool calls, bounded and supervised.
 
 A turn is one prompt and everything done for it (seed 000): requests to the model, the tool
 calls it asks for (each through the gate, then the backend), their results fed back, until the
@@ -18,14 +18,8 @@ model answers without asking for tools. It is bounded and supervised (seed 002):
   result, and its outcome is logged; an interrupted reply is kept as far as it streamed,
   marked so, and the history goes on from it (the next prompt never runs into this one).
 
-What the backend reports for a person (agent/backend.py: what the host's git would run, a
-lost session replaced) is logged as an event of the turn, or of none between turns, and
-given to the listener of the turn (`on_event`) or else to `Agent.on_event`.
-
 Every step is written to the conversation's event log as it happens (agent/conversation.py).
-
-Resource handling: an Agent owns its Backend (the toolsd session: `aclose()` closes it, which
-ends every background process), its Conversation (its lock) and, when it made it, its client.
+The Agent that runs turn after turn is agent/agent.py's.
 """
 
 from __future__ import annotations
@@ -33,16 +27,13 @@ from __future__ import annotations
 import enum
 import json
 from collections import Counter
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
 
-from agent.backend import Backend, SessionLost
+from agent.backend import SessionLost
 from agent.compaction import DoesNotFit, fit_history
-from agent.context import gather_context
-from agent.conversation import Conversation, ConversationStore
-from agent.gates import Approver, Gate, Mode
 from agent.history import (
     AssistantMessage,
     ImageRef,
@@ -52,13 +43,14 @@ from agent.history import (
     ToolResult,
     UserMessage,
 )
-from agent.models.base import ContextOverflow, Model, ModelError, ModelReply
+from agent.models.base import ContextOverflow, ModelError, ModelReply
 from agent.results import RESULT_CHARS, ToolOutcome, caption, clip_text
 from agent.tools import TOOLS
-from agent.window import resolve_budget
-from toolsd.client import AsyncClient
 
-__all__ = ["Agent", "AgentConfig", "Outcome", "TurnResult"]
+if TYPE_CHECKING:
+    from agent.agent import Agent
+
+__all__ = ["AgentConfig", "Outcome", "Turn", "TurnLoop", "TurnResult"]
 
 
 class Outcome(enum.Enum):
@@ -107,26 +99,8 @@ OUT_OF_TIME = ("[Not run: the turn's wall-clock budget ({wall_s:g} s) is spent, 
 INTERRUPTED = "[interrupted by the user]"
 INTERRUPTED_EARLY = "[interrupted by the user before any reply]"
 
-SYSTEM = """You are a coding agent. You work in the repository below through tools that run \
-in a sandbox: the workspace is {workspace}, /tmp is scratch space, and network access is \
-{network}.
-- run_terminal for commands; repl to explore data or code step by step (its state lasts for \
-this turn); process_start / process_output / process_stop for servers and long jobs; \
-read_image to look at a picture.
-- Check what your actions did. End the turn with a short answer: what you did and found.{mode}
-{instructions}
-{context}"""
 
-MODE_NOTES = {
-    Mode.PLAN: "\n- Plan mode: the workspace is read-only. Investigate and propose changes; "
-               "do not write files.",
-    Mode.ASK: "\n- The user approves commands and code before they run; a declined call is "
-              "their decision, not an error to work around.",
-    Mode.AUTO: "",
-}
-
-
-class _Turn:
+class Turn:
     """The state of one turn in flight: its counters, and its outcome, set once."""
 
     def __init__(self, number: int, wall_s: float):
@@ -149,125 +123,6 @@ class _Turn:
                           text=self.text, steps=self.steps, tool_calls=self.tool_calls)
 
 
-class Agent:
-    """A model, a toolsd session and a conversation; `run_turn` for each prompt.
-
-    Both `toolsd agent` (a person at a terminal) and `toolsd mcp` build on it: open with
-    `await Agent.open(workspace, model, ...)`, run turns, `await agent.aclose()` (or use it
-    as an async context manager)."""
-
-    def __init__(self, *, model: Model, backend: Backend, conversation: Conversation,
-                 gate: Gate, config: AgentConfig, system: str, client: AsyncClient,
-                 own_client: bool):
-        self.model = model
-        self.backend = backend
-        self.conversation = conversation
-        self.gate = gate
-        self.config = config
-        self.system = system
-        self.budget = resolve_budget(config.context_tokens, model)
-        self._client = client
-        self._own_client = own_client
-        self._scope: trio.CancelScope | None = None
-        self._closed = False
-        self._turn: int | None = None  # the number of the turn in flight
-        self._listener: Callable[[dict], None] | None = None  # the turn in flight's
-        # Events that come outside a turn (the backend's reports at close) go here.
-        self.on_event: Callable[[dict], None] | None = None
-        backend.report = self._report
-
-    @classmethod
-    async def open(cls, workspace: str, model: Model, *, mode: Mode | str = Mode.ASK,
-                   approve: Approver | None = None, config: AgentConfig | None = None,
-                   client: AsyncClient | None = None, socket: str | None = None,
-                   resume: str | None = None, store_root: str | None = None,
-                   provider: str | None = None) -> Agent:
-        """Open a toolsd session on `workspace` (read-only in plan mode) and a conversation:
-        a new one, or with `resume` the one of that id ("latest": the most recent)."""
-        config = config or AgentConfig()
-        gate = Gate(mode, approve)
-        store = ConversationStore(workspace, store_root)
-        own_client = client is None
-        backend = None
-        try:
-            if client is None:
-                client = await AsyncClient.connect(socket)
-            backend = await Backend.open(
-                client, workspace, writable=gate.mode is not Mode.PLAN,
-                network=config.network, env=config.env,
-                provider=provider or model.provider,
-                repl_timeout_s=config.repl_timeout_s)
-            context = await gather_context(backend)
-            # Last, so that an agent that could not start leaves no empty conversation.
-            if resume == "latest":
-                conversation = store.latest() or store.new()
-            elif resume:
-                conversation = store.open(resume)
-            else:
-                conversation = store.new()
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                if backend is not None:
-                    await backend.aclose()
-                if own_client and client is not None:
-                    await client.aclose()
-            raise
-        system = SYSTEM.format(workspace=backend.workspace, mode=MODE_NOTES[gate.mode],
-                               network="on" if config.network == "host" else "off",
-                               instructions=config.instructions, context=context)
-        return cls(model=model, backend=backend, conversation=conversation, gate=gate,
-                   config=config, system=system, client=client, own_client=own_client)
-
-    async def __aenter__(self) -> Agent:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """End the session (every background process and REPL in it), release the
-        conversation. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        with trio.CancelScope(shield=True):
-            try:
-                await self.backend.aclose()
-            finally:
-                self.conversation.close()
-                if self._own_client:
-                    await self._client.aclose()
-
-    def _report(self, kind: str, fields: dict) -> None:
-        event = self.conversation.log(kind, self._turn, **fields)
-        listener = self._listener or self.on_event
-        if listener is not None:
-            listener(event)
-
-    def cancel(self) -> None:
-        """Cancel the turn in flight (it ends `interrupted`); nothing if none is."""
-        if self._scope is not None:
-            self._scope.cancel()
-
-    async def run_turn(self, prompt: str, *, on_event: Callable[[dict], None] | None = None,
-                       on_text: Callable[[str], None] | None = None) -> TurnResult:
-        """Run one turn for `prompt`. Returns its result whatever its outcome; a
-        cancellation from outside (an enclosing scope) is recorded, then propagates."""
-        if self._closed:
-            raise RuntimeError("this agent is closed; open a new one")
-        if self._scope is not None:
-            raise RuntimeError("a turn is already running on this agent")
-        turn = _Turn(self.conversation.next_turn(), self.config.wall_s)
-        on_event = on_event or self.on_event
-        self._turn, self._listener = turn.number, on_event
-        with trio.CancelScope() as self._scope:
-            try:
-                await _Loop(self, turn, on_event, on_text).run(prompt)
-            finally:
-                self._scope = self._turn = self._listener = None
-        return turn.result()
-
-
 def _is_cancellation(e: BaseException) -> bool:
     """A cancel or Ctrl-C, also when a nursery on the way wrapped it in a group."""
     if isinstance(e, BaseExceptionGroup):
@@ -275,10 +130,10 @@ def _is_cancellation(e: BaseException) -> bool:
     return isinstance(e, (trio.Cancelled, KeyboardInterrupt))
 
 
-class _Loop:
+class TurnLoop:
     """One turn's run: the steps, the tools, and the ending (see the module)."""
 
-    def __init__(self, agent: Agent, turn: _Turn, on_event, on_text):
+    def __init__(self, agent: Agent, turn: Turn, on_event, on_text):
         self.agent = agent
         self.turn = turn
         self.config = agent.config

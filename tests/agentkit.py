@@ -13,8 +13,9 @@ import tempfile
 import psutil
 import pytest
 
+from agent.agent import Agent
 from agent.models.scripted import ScriptedModel
-from agent.turn import Agent, AgentConfig
+from agent.turn import AgentConfig
 from conftest import has_ended, module_daemon as shared_daemon, short_tempdir, wait_for, wait_gone
 from test_idle import sandbox_of
 

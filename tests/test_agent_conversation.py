@@ -11,10 +11,10 @@ import textwrap
 
 import pytest
 
+from agent.agent import Agent
 from agent.conversation import ConversationBusy, ConversationDamaged, ConversationStore
 from agent.history import AssistantMessage, UserMessage
 from agent.models.scripted import ScriptedModel, reply
-from agent.turn import Agent
 import agentkit
 from conftest import needs_bwrap, wait_for
 from toolsd.client import ToolsdError
@@ -64,8 +64,8 @@ async def test_resume_latest(kit):
 
 AGENT_THAT_HANGS = textwrap.dedent("""
     import sys, trio
+    from agent.agent import Agent
     from agent.models.scripted import ScriptedModel, call, reply
-    from agent.turn import Agent
 
     async def main(socket, workspace, store):
         model = ScriptedModel([reply("", call("run_terminal", command="echo one")),

@@ -14,10 +14,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MAX_LINES = 400
 # The one long module the issue allows: the launcher runs in the sandbox as one file.
 LONG_ALLOWED = {"driver/launcher.py"}
-# Over MAX_LINES today and owned by work outside the layout renovation (the agent is being
-# built). A module leaves this set once it is short, and the set only shrinks:
-# test_the_long_modules_left_are_still_long says when to drop one.
-SHRINKING = {"agent/turn.py"}
 
 LAYERS = ("wire", "runtime", "client", "sandbox", "tools", "daemon", "cli")
 # Layer of the importing module -> layers it may import at all.
@@ -176,14 +172,8 @@ def _line_counts() -> dict[str, int]:
 
 def test_no_module_over_400_lines():
     long = [f"{rel}: {n} lines" for rel, n in _line_counts().items()
-            if n > MAX_LINES and rel not in LONG_ALLOWED | SHRINKING]
+            if n > MAX_LINES and rel not in LONG_ALLOWED]
     assert long == [], f"over {MAX_LINES} lines (split by job):\n" + "\n".join(long)
-
-
-def test_the_long_modules_left_are_still_long():
-    counts = _line_counts()
-    short = sorted(rel for rel in SHRINKING if counts.get(rel, 0) <= MAX_LINES)
-    assert short == [], f"drop from SHRINKING, they are short now (or gone): {short}"
 
 
 def test_the_cli_and_the_client_load_no_daemon_machinery():
