@@ -379,7 +379,7 @@ def test_what_a_command_does_to_its_shim_never_reaches_later_commands(client, se
         assert client.shell_run(session, PROBE)["output"] == before
 
 
-def test_a_command_that_changes_the_launcher_ends_the_session(client, session):
+def test_a_command_that_changes_the_launcher_ends_the_session(daemon, client, session):
     # The launcher forks the shims: changed, every shim after would carry the change. The
     # session ends instead (at the launcher's next fork), and no command runs changed.
     before = client.shell_run(session, PROBE)["output"]
@@ -388,10 +388,15 @@ def test_a_command_that_changes_the_launcher_ends_the_session(client, session):
     assert r["output"] == "done\ndone\n"
     with pytest.raises(ToolsdError) as e:
         for _ in range(10):
+            # One call at a time needs no fork while an idle shim is left (the launcher keeps
+            # up to three, and the changed one may be one it never picks): each background
+            # process holds a shim, so that soon none is idle and the launcher forks.
+            client.process_start(session, "sleep 1000")
             assert client.shell_run(session, PROBE)["output"] == before
     assert e.value.code == "session_closed"
     # Said as soon as the launcher finds out (its next fork), or by the next call.
     assert "changed the launcher itself" in e.value.message or "closed" in e.value.message
+    assert wait_gone(daemon.running("sleep 1000"), timeout=30) == []
 
 
 def test_a_command_that_stops_its_shim_is_still_ended_and_reported(daemon, client, session):
