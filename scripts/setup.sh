@@ -25,3 +25,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/pip install -q --disable-pip-version-check -e ".[test,mcp]"
     touch "$stamp"
 fi
+
+# The REPL driver's parts are imported inside the sandbox, where nothing can write their
+# bytecode: compile them here (quick when up to date) with the python3 sessions run.
+if command -v python3 >/dev/null 2>&1; then
+    python3 -m compileall -q driver >/dev/null 2>&1 || true
+fi
