@@ -4,6 +4,7 @@ Standard library only; asyncio is imported by the first cell that awaits.
 """
 
 from _python_repl_code import CO_COROUTINE
+from _python_repl_stdlib import stdlib_module
 
 
 class AwaitRunner:
@@ -38,8 +39,7 @@ class AwaitRunner:
                 await result
 
     def _event_loop(self):
-        import asyncio
-
+        asyncio = stdlib_module("asyncio")
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
         # Current, so that asyncio.get_event_loop() in a cell without await finds it (an

@@ -8,6 +8,8 @@ of its type. python_figures.py is loaded on first need. Standard library only.
 import os
 import sys
 
+from _python_repl_stdlib import stdlib_module
+
 _FIGURES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python_figures.py")
 _FIGURES_MODULE = "_toolsd_figures"  # python_figures.MODULE_NAME, without loading it
 
@@ -49,10 +51,9 @@ class FigureCapture:
     def _load(self):
         """driver/python_figures.py, loaded on first need."""
         if self._figures is None:
-            import importlib.util
-
-            spec = importlib.util.spec_from_file_location(_FIGURES_MODULE, _FIGURES_FILE)
-            module = importlib.util.module_from_spec(spec)
+            util = stdlib_module("importlib.util")
+            spec = util.spec_from_file_location(_FIGURES_MODULE, _FIGURES_FILE)
+            module = util.module_from_spec(spec)
             spec.loader.exec_module(module)
             sys.modules[_FIGURES_MODULE] = module  # matplotlib imports it as its backend
             self._figures = module.configure(self._folder, self._note)

@@ -6,6 +6,8 @@ No I/O: text in, code objects or text out. Standard library only.
 import ast
 import traceback
 
+from _python_repl_stdlib import stdlib_module
+
 CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect at startup
 
 
@@ -14,9 +16,7 @@ def dedent(source):
     as it is."""
     if source.lstrip("\r\n")[:1] not in (" ", "\t"):
         return source
-    import textwrap
-
-    return textwrap.dedent(source)
+    return stdlib_module("textwrap").dedent(source)
 
 
 def compile_cell(source, filename):

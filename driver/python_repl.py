@@ -9,7 +9,8 @@ site-packages must stay importable, so no -I). The host starts it with:
 This file is the main loop and one request's run; its parts are modules beside it, loaded
 from this folder whatever sys.path says: _python_repl_pipes.py (the pipes, the sentinel),
 _python_repl_interrupts.py, _python_repl_code.py (compiling a cell, the user's traceback),
-_python_repl_await.py (top-level await), _python_repl_capture.py (pictures).
+_python_repl_await.py (top-level await), _python_repl_capture.py (pictures),
+_python_repl_stdlib.py (late imports that a user's module cannot stand in for).
 
 Fd 3 carries the session UUID on its first line, then one JSON-encoded string of source per
 line. Requests are numbered 1, 2, 3, ... in the order received. After request N the driver
@@ -73,6 +74,7 @@ from _python_repl_capture import FigureCapture  # noqa: E402
 from _python_repl_code import (  # noqa: E402
     awaits, compile_cell, dedent, exit_code, format_user_exception)
 from _python_repl_interrupts import Interrupts  # noqa: E402
+from _python_repl_stdlib import stdlib_module  # noqa: E402
 from _python_repl_pipes import (  # noqa: E402
     COMMAND_FD, ERRORS, INTERRUPT_FD, MARKER_PREFIX, FdWriter, encode_surrogates,
     forget_command_pipe, open_text_stream, read_lines, sentinel)
@@ -214,9 +216,7 @@ class _Driver:
 
 def _find_fflush():
     try:
-        import ctypes
-
-        return ctypes.CDLL(None).fflush
+        return stdlib_module("ctypes").CDLL(None).fflush
     except Exception:
         return None
 

@@ -463,6 +463,21 @@ def test_a_users_module_cannot_stand_in_for_a_part_of_the_driver(tmp_path):
         driver.close()
 
 
+def test_a_users_module_named_as_the_standard_library_cannot_end_the_driver(tmp_path):
+    # The driver imports some modules late, when the current folder comes first on sys.path.
+    for name in ("textwrap", "asyncio", "ctypes"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('the user module ran')\n")
+    driver = DriverProcess(["sh", "-c", 'cd "$1" && exec "$2" "$3"', "sh", str(tmp_path),
+                            sys.executable, str(DRIVER)])
+    try:
+        assert driver.exec("    x = 20\n    x + 1") == ("ok", b"21\n")  # dedented
+        code = "async def f():\n    return x * 2\nawait f()"
+        assert driver.exec(code) == ("ok", b"40\n")
+        assert driver.exec("x") == ("ok", b"20\n")
+    finally:
+        driver.close()
+
+
 def test_classes_defined_in_the_repl_can_be_pickled(repl):
     repl.exec("import pickle\nclass Point:\n    def __init__(self, x): self.x = x")
     assert repl.exec("pickle.loads(pickle.dumps(Point(3))).x") == ("ok", b"3\n")
