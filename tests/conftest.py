@@ -14,7 +14,9 @@ import time
 import psutil
 import pytest
 
+from _launchers import BWRAP, ENV, bwrap_prefix, tree_pids
 from toolsd.client import AsyncClient, Client
+from toolsd.sandbox.launcher import Launcher
 
 HAVE_BWRAP = shutil.which("bwrap") is not None
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")
@@ -131,6 +133,24 @@ def has_ended(proc: psutil.Process) -> bool:
         return True
 
 
+def alive(pids) -> list[int]:
+    """The pids still running (a zombie has exited: only its parent's wait is pending)."""
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def assert_gone(pids) -> None:
+    """Every pid has exited (a zombie has exited too: only its parent's wait is pending)."""
+    left = alive(pids)
+    assert not left, f"still running: {left}"
+
+
 def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Wait (bounded) for every process to end; returns those still alive."""
     import time
@@ -209,3 +229,25 @@ def client(daemon):
 def session(daemon, client):
     """An open sandboxed session on the daemon's workspace."""
     return client.session_open(daemon.workspace)["session"]
+
+
+@pytest.fixture(params=["bwrap", "none"])
+def wrapper(request, tmp_path):
+    """The argv a Launcher is started under: a bare bwrap sandbox, or nothing."""
+    if request.param == "none":
+        return []
+    if BWRAP is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    return bwrap_prefix(str(tmp_path))
+
+
+@pytest.fixture
+async def launcher(nursery, wrapper):
+    """A Launcher in each wrapper; at the end it is closed and nothing of its tree is left."""
+    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
+    try:
+        yield launcher
+    finally:
+        pids = tree_pids(launcher)
+        await launcher.aclose()
+        assert_gone(pids)

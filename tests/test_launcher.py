@@ -11,7 +11,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import textwrap
 import time
 
@@ -20,73 +19,12 @@ import pytest
 import trio
 import trio.testing
 
+from _launchers import BWRAP, ENV, PY, bwrap_prefix, read_all, spawn_piped, tree_pids
+from conftest import assert_gone
 from toolsd.sandbox.channel import Started
 from toolsd.sandbox.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
-from toolsd.sandbox.session_policy import own_files_under_tmp
 
-BWRAP = shutil.which("bwrap")
-ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-PY = sys.executable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def bwrap_prefix(folder: str) -> list[str]:
-    # A checkout under /tmp needs its own files bound back over the sandbox's private /tmp.
-    own = [a for p in own_files_under_tmp() for a in ("--ro-bind", p, p)]
-    return [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            *own, "--bind", folder, folder, "--unshare-user", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-net", "--as-pid-1", "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL", "--"]
-
-
-@pytest.fixture(params=["bwrap", "none"])
-def wrapper(request, tmp_path):
-    if request.param == "none":
-        return []
-    if BWRAP is None:
-        pytest.skip("bubblewrap (bwrap) is not installed")
-    return bwrap_prefix(str(tmp_path))
-
-
-def tree_pids(launcher: Launcher) -> set[int]:
-    pids = {launcher.wrapper_pid, launcher.host_pid}
-    try:
-        pids.update(p.pid for p in psutil.Process(launcher.wrapper_pid).children(recursive=True))
-    except psutil.NoSuchProcess:
-        pass
-    return pids
-
-
-def assert_gone(pids) -> None:
-    """Every pid has exited (a zombie has exited too: only its parent's wait is pending)."""
-    alive = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except psutil.NoSuchProcess:
-            pass
-    assert not alive, f"still running: {alive}"
-
-
-@pytest.fixture
-async def launcher(nursery, wrapper):
-    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
-    try:
-        yield launcher
-    finally:
-        pids = tree_pids(launcher)
-        await launcher.aclose()
-        assert_gone(pids)
-
-
-async def read_all(fd: int) -> bytes:
-    chunks = []
-    async with trio.lowlevel.FdStream(fd) as stream:
-        while data := await stream.receive_some():
-            chunks.append(data)
-    return b"".join(chunks)
 
 
 async def read_line(stream: trio.lowlevel.FdStream) -> bytes:
@@ -96,23 +34,6 @@ async def read_line(stream: trio.lowlevel.FdStream) -> bytes:
         assert chunk, f"EOF before a full line: {data!r}"
         data += chunk
     return data
-
-
-async def spawn_piped(launcher, argv, *, cwd="/", env=ENV, stdin=None, **kw):
-    """Spawn with stdout+stderr on one pipe; returns (job, read_fd)."""
-    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        job = await launcher.spawn(argv, cwd=cwd, env=env,
-                                   stdin=devnull if stdin is None else stdin,
-                                   stdout=write_fd, stderr=write_fd, **kw)
-    except BaseException:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)
-        os.close(devnull)
-    return job, read_fd
 
 
 async def run(launcher, argv, **kw) -> tuple[bytes, tuple[int | None, int | None]]:

@@ -4,72 +4,22 @@ in bwrap and unsandboxed."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 
 import psutil
-import pytest
 import trio
 
+from _launchers import PY, spawn_piped
+from conftest import alive as running
 from toolsd.sandbox import proctree
-from toolsd.sandbox.launcher import Launcher
-from toolsd.sandbox.session_policy import own_files_under_tmp
-
-BWRAP = shutil.which("bwrap")
-ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-PY = sys.executable
-
-
-def bwrap_prefix(folder: str) -> list[str]:
-    # A checkout under /tmp needs its own files bound back over the sandbox's private /tmp.
-    own = [a for p in own_files_under_tmp() for a in ("--ro-bind", p, p)]
-    return [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            *own, "--bind", folder, folder, "--unshare-user", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-net", "--as-pid-1", "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL", "--"]
-
-
-@pytest.fixture(params=["bwrap", "none"])
-async def launcher(request, nursery, tmp_path):
-    if request.param == "bwrap":
-        if BWRAP is None:
-            pytest.skip("bubblewrap (bwrap) is not installed")
-        wrapper = bwrap_prefix(str(tmp_path))
-    else:
-        wrapper = []
-    launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
-    try:
-        yield launcher
-    finally:
-        await launcher.aclose()
-
-
-def running(pids) -> list[int]:
-    """The pids still running (a zombie has exited: only its parent's wait is pending)."""
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 async def start(launcher, argv):
     """Spawn with stdout on a pipe; returns (job, stream of its stdout)."""
-    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        job = await launcher.spawn(argv, cwd="/", env=ENV, stdin=devnull, stdout=write_fd,
-                                   stderr=write_fd)
-    finally:
-        os.close(write_fd)
-        os.close(devnull)
+    job, read_fd = await spawn_piped(launcher, argv)
     return job, trio.lowlevel.FdStream(read_fd)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import alive as _alive
 from driver import PYTHON_REPL
 from toolsd.tools.sentinel import MARKER_PREFIX, SentinelScanner, format_sentinel
 
@@ -132,17 +133,6 @@ class DriverProcess:
             self.proc.stdout.close()
         alive = [p for p in _alive(family)]
         assert not alive, f"processes left behind: {alive}"
-
-
-def _alive(pids):
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 @pytest.fixture

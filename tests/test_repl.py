@@ -18,7 +18,7 @@ import psutil
 import pytest
 import trio
 
-from conftest import RunningDaemon, needs_bwrap, module_daemon as shared_daemon, wait_gone
+from conftest import RunningDaemon, alive, needs_bwrap, module_daemon as shared_daemon, wait_gone
 from toolsd.client import Client, ToolsdError
 from toolsd.wire.framing import FrameReader, encode_frame
 from toolsd.daemon.connection import MAX_IN_FLIGHT
@@ -87,17 +87,6 @@ async def in_thread(fn):
     """Blocking FIFO opens and raw sockets, off the trio thread; abandoned if the test's
     fail_after fires, so a hung daemon fails the test instead of hanging it."""
     return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
-
-
-def alive(pids) -> list[int]:
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
 
 
 # ------------------------------------------------------------------ state and display
