@@ -22,7 +22,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench import ms, report, running_daemon, stats  # noqa: E402
 
+import trio  # noqa: E402
+
 from toolsd.client import Client  # noqa: E402
+from toolsd.sandbox import proctree  # noqa: E402
+from toolsd.sandbox.launcher import Launcher  # noqa: E402
 
 TREE_SIZE = 200
 STOP_RUNS = 5
@@ -72,6 +76,10 @@ TICKER = textwrap.dedent("""
 
 def bench_processes() -> None:
     anchor_stop = direct_kill_time(TREE_SIZE)
+    kills = [trio.run(kill_tree_time, TREE_SIZE) for _ in range(STOP_RUNS)]
+    report(f"proctree.kill_tree of a {TREE_SIZE}-process tree, SIGTERM path, median",
+           ms(stats(kills)[0]), anchor=f"os.kill+waitpid of {TREE_SIZE} children {ms(anchor_stop)}",
+           ratio=stats(kills)[0] / anchor_stop)
     anchor_line = pipe_line_latency(LATENCY_SAMPLES)
     with running_daemon() as (sock, root, _proc):
         workspace = os.path.join(root, "ws")
@@ -126,6 +134,38 @@ def line_latency(c: Client, session: str, n: int) -> tuple[list[float], int]:
         if r["status"] != "running" and not lines:
             break
     return samples, late
+
+
+async def kill_tree_time(size: int) -> float:
+    """Seconds of proctree.kill_tree over the TREE under an unsandboxed launcher's shim (a
+    subreaper, so the double-forked ones are in its tree), without a daemon."""
+    async with trio.open_nursery() as nursery:
+        launcher = await Launcher.start(nursery, wrapper=[], env={"PATH": os.environ["PATH"]})
+        try:
+            read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+            try:
+                job = await launcher.spawn([sys.executable, "-c", TREE, str(size)], cwd="/",
+                                           env={"PATH": os.environ["PATH"]}, stdin=0,
+                                           stdout=write_fd, stderr=2)
+            finally:
+                os.close(write_fd)
+            async with trio.lowlevel.FdStream(read_fd) as out:
+                data = b""
+                while b"ready" not in data:
+                    chunk = await out.receive_some()
+                    if not chunk:
+                        raise SystemExit(f"the process tree did not start: {data!r}")
+                    data += chunk
+                started = time.perf_counter()
+                ended, survivors = await trio.to_thread.run_sync(
+                    lambda: proctree.kill_tree(job.shim_pid, grace_s=2, include_root=False))
+                elapsed = time.perf_counter() - started
+            if survivors or ended < size:
+                raise SystemExit(f"kill_tree left processes or missed some: {ended}, {survivors}")
+            await job.wait()
+            return elapsed
+        finally:
+            await launcher.aclose()
 
 
 def direct_kill_time(size: int) -> float:

@@ -9,7 +9,6 @@ import resource
 import select
 import shutil
 import signal
-import statistics
 import subprocess
 import textwrap
 import time
@@ -480,48 +479,6 @@ def test_daemon_sigkill_leaves_nothing(wrapper):
         for fd in pidfds:
             os.close(fd)
     assert_gone(pids)
-
-
-# ---------------------------------------------------------------- figures
-
-
-async def test_spawn_latency_figures(nursery, tmp_path, capsys):
-    """Measures (prints, asserts nothing about time): median spawn-to-exit of `bash -c true`."""
-    def median_ms(samples):
-        return round(statistics.median(samples) * 1000, 2)
-
-    figures = {}
-    wrappers = {"launcher unsandboxed": []}
-    if BWRAP is not None:
-        wrappers["launcher in bwrap"] = bwrap_prefix(str(tmp_path))
-    for name, wrapper in wrappers.items():
-        launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
-        try:
-            samples = []
-            for _ in range(25):
-                t0 = time.perf_counter()
-                job = await launcher.spawn(["bash", "-c", "true"], cwd="/", env=ENV,
-                                           stdin=0, stdout=1, stderr=2)
-                assert await job.wait() == (0, None)
-                samples.append(time.perf_counter() - t0)
-            figures[name] = median_ms(samples)
-        finally:
-            await launcher.aclose()
-    samples = []
-    for _ in range(25):
-        t0 = time.perf_counter()
-        subprocess.run(["bash", "-c", "true"], check=True)
-        samples.append(time.perf_counter() - t0)
-    figures["subprocess.run"] = median_ms(samples)
-    if BWRAP is not None:
-        samples = []
-        for _ in range(10):
-            t0 = time.perf_counter()
-            subprocess.run([*bwrap_prefix(str(tmp_path)), "bash", "-c", "true"], check=True)
-            samples.append(time.perf_counter() - t0)
-        figures["bwrap per command"] = median_ms(samples)
-    with capsys.disabled():
-        print(f"\nspawn-to-exit of bash -c true, median ms: {figures}")
 
 
 # ---------------------------------------------------------------- spares

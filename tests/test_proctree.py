@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import textwrap
-import time
 
 import psutil
 import trio
@@ -137,20 +136,16 @@ TREE_OF_200 = textwrap.dedent("""
 """)
 
 
-async def test_tree_of_200_with_setsid_members_leaves_no_survivor(launcher, capsys):
+async def test_tree_of_200_with_setsid_members_leaves_no_survivor(launcher):
     job, out = await start(launcher, [PY, "-c", TREE_OF_200])
     async with out:
         await read_until(out, b"ready\n")
         tree = [p.pid for p in proctree.descendants(job.shim_pid)]
         assert len(tree) == 201
-        t0 = time.perf_counter()
         ended, survivors = await kill_tree(job.shim_pid, grace_s=2)
-        elapsed_ms = (time.perf_counter() - t0) * 1000
         assert (ended, survivors) == (201, 0)
         assert running(tree) == []
         await job.done.wait()
-    with capsys.disabled():
-        print(f"\nkill_tree of 201 processes (some setsid), SIGTERM path: {elapsed_ms:.0f} ms")
 
 
 def test_include_root_ends_the_root_and_its_children():
