@@ -1,138 +1,20 @@
 """driver/python_repl.py driven as the host drives it: fd 3 commands, sentinel-framed output."""
 
-import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
 import time
-import uuid as uuidlib
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import alive as _alive
+from _drivers import STUCK_S, DriverProcess, fd_targets
 from driver import PYTHON_REPL
-from toolsd.tools.sentinel import MARKER_PREFIX, SentinelScanner, format_sentinel
+from toolsd.tools.sentinel import format_sentinel
 
 DRIVER = Path(PYTHON_REPL)
-# Safety net against a hung driver, not a timing assertion.
-STUCK_S = 30
-
-
-class DriverProcess:
-    """One REPL driver with the host's wiring: stdin /dev/null, stdout+stderr one pipe,
-    the command pipe on fd 3, the interrupt pipe on fd 4. Owns the process; close() ends it
-    and checks it is gone."""
-
-    def __init__(self, argv):
-        self.uuid = uuidlib.uuid4().hex
-        read_end, write_end = os.pipe()
-        interrupt_read, interrupt_write = os.pipe()
-
-        def put_command_pipe_on_fd3():
-            # Above every target first, so that no dup2 overwrites a source still needed.
-            high = [os.dup(fd) for fd in (read_end, interrupt_read)]
-            for target, fd in zip((3, 4), high):
-                os.dup2(fd, target)
-
-        # The driver must not rely on the sandbox's PYTHONUNBUFFERED for its output order.
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-        # close_fds=False so the fd 3 made in the child survives; every other fd of ours is
-        # close-on-exec (PEP 446).
-        self.proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            preexec_fn=put_command_pipe_on_fd3,
-            close_fds=False,
-        )
-        os.close(read_end)
-        os.close(interrupt_read)
-        self.commands = os.fdopen(write_end, "wb", buffering=0)
-        self.interrupts = os.fdopen(interrupt_write, "wb", buffering=0)
-        self.commands.write(self.uuid.encode() + b"\n")
-        self.scanner = SentinelScanner(self.uuid)
-        self.seq = 0
-        self.status = None  # the last sentinel's whole status (with "images", if any)
-        self.selector = selectors.DefaultSelector()
-        self.selector.register(self.proc.stdout, selectors.EVENT_READ)
-
-    def send(self, code: str) -> int:
-        self.seq += 1
-        self.scanner.expect(self.seq)
-        self.commands.write(json.dumps(code).encode() + b"\n")
-        return self.seq
-
-    def read_reply(self) -> tuple[str | None, bytes]:
-        """Output up to the sentinel of the request in flight; status None at EOF."""
-        out = []
-        fd = self.proc.stdout.fileno()
-        while True:
-            data, sentinel = self.scanner.feed(b"")
-            out.append(data)
-            if sentinel is not None:
-                assert sentinel.seq == self.seq
-                self.status = sentinel.status
-                return sentinel.status["status"], b"".join(out)
-            if not self.selector.select(STUCK_S):
-                raise AssertionError(f"driver sent nothing for {STUCK_S}s; output so far {out!r}")
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                out.append(self.scanner.flush())
-                return None, b"".join(out)
-            data, sentinel = self.scanner.feed(chunk)
-            out.append(data)
-            if sentinel is not None:
-                assert sentinel.seq == self.seq
-                self.status = sentinel.status
-                return sentinel.status["status"], b"".join(out)
-
-    def exec(self, code: str) -> tuple[str | None, bytes]:
-        self.send(code)
-        return self.read_reply()
-
-    def interrupt(self, seq: int | None = None) -> None:
-        """As the host interrupts request `seq` (by default the last one sent)."""
-        self.interrupts.write(b"%d\n" % (self.seq if seq is None else seq))
-        os.kill(self.proc.pid, signal.SIGURG)
-
-    def wait_for_output(self, text: bytes) -> None:
-        """Read (and drop) output until `text` has come: the code has got that far."""
-        fd = self.proc.stdout.fileno()
-        seen = b""
-        while text not in seen:
-            assert self.selector.select(STUCK_S), f"no {text!r} within {STUCK_S}s"
-            chunk = os.read(fd, 1024)
-            assert chunk, f"the driver ended before printing {text!r}"
-            data, sentinel = self.scanner.feed(chunk)
-            assert sentinel is None, f"the request ended before printing {text!r}"
-            seen += data
-
-    def close(self):
-        try:
-            family = [self.proc.pid] + [
-                p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)
-            ]
-        except psutil.NoSuchProcess:
-            family = [self.proc.pid]
-        self.interrupts.close()
-        self.commands.close()  # EOF on fd 3: the driver exits by itself
-        try:
-            self.proc.wait(STUCK_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("driver did not exit at end of its command pipe")
-        finally:
-            self.selector.close()
-            self.proc.stdout.close()
-        alive = [p for p in _alive(family)]
-        assert not alive, f"processes left behind: {alive}"
 
 
 @pytest.fixture
@@ -144,11 +26,6 @@ def repl():
         driver.close()
 
 
-def test_state_persists_between_requests(repl):
-    assert repl.exec("x = 40") == ("ok", b"")
-    assert repl.exec("x += 2\nprint(x)") == ("ok", b"42\n")
-
-
 def test_last_expression_is_displayed_and_sets_underscore(repl):
     assert repl.exec("1+1") == ("ok", b"2\n")
     assert repl.exec("_ * 10") == ("ok", b"20\n")
@@ -158,24 +35,6 @@ def test_last_expression_is_displayed_and_sets_underscore(repl):
     assert repl.exec("y = 5") == ("ok", b"")
 
 
-def test_print_order_with_displayed_value(repl):
-    status, out = repl.exec("print('first')\nimport sys\nsys.stderr.write('second\\n')\n'third'")
-    assert (status, out) == ("ok", b"first\nsecond\n'third'\n")
-
-
-def test_exception_keeps_variables_and_shows_user_traceback(repl):
-    repl.exec("kept = 'yes'")
-    status, out = repl.exec("def f():\n    return 1 / 0\nprint('before')\nf()")
-    assert status == "error"
-    text = out.decode()
-    assert text.startswith("before\nTraceback (most recent call last):\n")
-    assert text.endswith("ZeroDivisionError: division by zero\n")
-    assert 'File "<repl-2>", line 4, in <module>' in text
-    assert "return 1 / 0" in text  # source lines come through linecache
-    assert "python_repl" not in text  # no driver frames (nor its parts')
-    assert repl.exec("kept") == ("ok", b"'yes'\n")
-
-
 def test_syntax_error_is_an_error_and_runs_nothing(repl):
     status, out = repl.exec("print('ran')\nx = = 1")
     assert status == "error"
@@ -183,17 +42,6 @@ def test_syntax_error_is_an_error_and_runs_nothing(repl):
     assert out.decode().endswith("SyntaxError: invalid syntax\n")
     assert b"<repl-1>" in out
     assert repl.exec("2") == ("ok", b"2\n")
-
-
-def test_output_that_looks_like_prompts_or_sentinels_comes_through(repl):
-    wrong_uuid = format_sentinel(uuidlib.uuid4().hex, 1, "ok")
-    right_uuid_wrong_seq = format_sentinel(repl.uuid, 7, "ok")
-    partial = MARKER_PREFIX + repl.uuid.encode()[:5]
-    payload = b">>> ... " + wrong_uuid + right_uuid_wrong_seq + partial
-    code = f"import sys\nn = sys.stdout.buffer.write({payload!r})"
-    assert repl.exec(code) == ("ok", payload)
-    # Still in sync: the next reply is the next request's.
-    assert repl.exec("'next'") == ("ok", b"'next'\n")
 
 
 def test_stale_sentinel_printed_by_user_is_dropped_not_a_reply(repl):
@@ -220,82 +68,11 @@ def test_invalid_utf8_and_surrogates_pass_through(repl):
     assert out == b"\xff\xfe bad" + b"\xff|\\ud800|\xc3\xa9\n"
 
 
-def test_os_write_and_subprocess_output_keep_order(repl):
-    code = (
-        "import os, subprocess\n"
-        "print('one')\n"
-        "os.write(1, b'two\\n')\n"
-        "subprocess.run(['echo', 'three'])\n"
-        "os.write(2, b'four\\n')\n"
-        "print('five')\n"
-    )
-    assert repl.exec(code) == ("ok", b"one\ntwo\nthree\nfour\nfive\n")
-
-
-def test_command_pipe_is_not_inherited_by_subprocesses(repl):
-    command_pipe = f"pipe:[{os.fstat(repl.commands.fileno()).st_ino}]"
-    assert command_pipe in _fd_targets(repl.proc.pid)
-    code = (
-        "import subprocess\n"
-        "subprocess.run(['sh', '-c', 'for f in /proc/$$/fd/*; do readlink $f; done'],"
-        " close_fds=False)\n"
-        "None"
-    )
-    status, out = repl.exec(code)
-    assert status == "ok"
-    assert out.count(b"pipe:[") >= 2  # the output pipe is there...
-    assert command_pipe not in out.decode()  # ...the command pipe is not
-
-
-def _fd_targets(pid):
-    folder = f"/proc/{pid}/fd"
-    targets = set()
-    for name in os.listdir(folder):
-        try:
-            targets.add(os.readlink(os.path.join(folder, name)))
-        except FileNotFoundError:
-            pass  # closed between the listing and the look (the driver is still starting)
-    return targets
-
-
-def test_50mb_of_output_arrives_intact_and_stays_in_sync(repl):
-    status, out = repl.exec("print('x' * (50 * 1024 * 1024 - 1))")
-    assert status == "ok"
-    assert len(out) == 50 * 1024 * 1024
-    assert out.count(b"x") == 50 * 1024 * 1024 - 1
-    assert repl.exec("'after'") == ("ok", b"'after'\n")
-
-
 def test_input_sees_end_of_file(repl):
     status, out = repl.exec("input('prompt? ')")
     assert status == "error"
     assert out.decode().endswith("EOFError: EOF when reading a line\n")
     assert repl.exec("import sys\nsys.stdin.read()") == ("ok", b"''\n")
-
-
-def test_sigint_interrupts_busy_loop_and_keeps_state(repl):
-    repl.exec("n = 0")
-    # The loop announces itself so the signal arrives while it runs.
-    repl.send("while True:\n    n += 1\n    if n == 1:\n        print('looping', flush=True)")
-    repl.wait_for_output(b"looping\n")
-    os.kill(repl.proc.pid, signal.SIGINT)
-    status, out = repl.read_reply()
-    assert status == "interrupted"
-    assert out.decode().endswith("KeyboardInterrupt\n")
-    assert "python_repl" not in out.decode()
-    status, out = repl.exec("n > 0")
-    assert (status, out) == ("ok", b"True\n")
-
-
-def test_an_interrupt_stops_a_busy_loop_and_keeps_state(repl):
-    repl.exec("n = 0")
-    repl.send("while True:\n    n += 1\n    if n == 1:\n        print('looping', flush=True)")
-    repl.wait_for_output(b"looping\n")
-    repl.interrupt()
-    status, out = repl.read_reply()
-    assert status == "interrupted"
-    assert out.decode().endswith("KeyboardInterrupt\n")
-    assert repl.exec("n > 0") == ("ok", b"True\n")
 
 
 def test_an_interrupt_for_an_ended_request_reaches_no_later_one(repl):
@@ -336,15 +113,6 @@ def test_an_interrupt_during_os_system_stops_the_code_once_system_returns(repl):
     assert out.decode().endswith("KeyboardInterrupt\n")
 
 
-def test_sigint_while_idle_does_not_leak_into_next_request(repl):
-    repl.exec("import time")
-    for _ in range(5):
-        os.kill(repl.proc.pid, signal.SIGINT)
-    # A request that gives an interrupt time to land: it must finish normally.
-    assert repl.exec("time.sleep(0.2)\n'done'") == ("ok", b"'done'\n")
-    assert repl.proc.poll() is None
-
-
 def test_sigint_while_idle_with_user_threads_running(repl):
     # A user thread keeps SIGINT unblocked; the driver must still ignore an idle SIGINT.
     repl.exec("import threading, time\nstop = threading.Event()\n"
@@ -366,13 +134,6 @@ def test_system_exit_is_reported_and_repl_survives(repl):
     # exit() closed sys.stdin; input() still sees EOF rather than a closed file.
     assert repl.exec("input()")[1].endswith(b"EOFError: EOF when reading a line\n")
     assert repl.exec("v") == ("ok", b"1\n")
-
-
-def test_os_exit_ends_the_process_with_its_code(repl):
-    repl.send("import os\nos._exit(3)")
-    status, out = repl.read_reply()
-    assert status is None
-    assert repl.proc.wait(STUCK_S) == 3
 
 
 def test_forked_child_never_runs_the_driver_loop(repl):
@@ -408,7 +169,7 @@ def test_forked_child_does_not_hold_the_command_pipe(repl):
     assert status == "ok"
     child = int(out)
     try:
-        assert command_pipe not in _fd_targets(child)
+        assert command_pipe not in fd_targets(child)
     finally:
         os.kill(child, signal.SIGKILL)
     # Its end of the user's pipe closes when it dies: wait on that, then reap it.
