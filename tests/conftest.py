@@ -212,9 +212,94 @@ def daemon_root():
     shutil.rmtree(root, ignore_errors=True)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "shared_daemon: the module's tests share one daemon (each its own workspace); "
+        "after each test its sessions are closed and the daemon's tree must be empty")
+    config.addinivalue_line(
+        "markers", "fresh_daemon: in a shared_daemon module, this test starts its own daemon "
+        "(it stops, kills or reconfigures it, or changes its HOME)")
+
+
+class DaemonView:
+    """The module's daemon, seen with a workspace of the test's own: everything else (socket,
+    home, state, tree, client) is the shared daemon's."""
+
+    def __init__(self, daemon: RunningDaemon, workspace: str):
+        self._daemon = daemon
+        self.workspace = workspace
+
+    def __getattr__(self, name):
+        return getattr(self._daemon, name)
+
+
+class ModuleDaemon:
+    """One daemon for a module's tests, started on first use. A test that leaves a process
+    behind or kills the daemon fails itself, and the next test gets a new daemon: a leftover
+    never shows up in another test's check."""
+
+    def __init__(self):
+        self.root: str | None = None
+        self.daemon: RunningDaemon | None = None
+
+    def get(self) -> RunningDaemon:
+        if self.daemon is None:
+            self.root = short_tempdir()
+            self.daemon = RunningDaemon(self.root).start()
+        return self.daemon
+
+    def discard(self, check: bool = True) -> None:
+        """Stop the daemon; `check`: it must stop cleanly (else it is already failing a test,
+        and only its processes must go)."""
+        d, root, self.daemon, self.root = self.daemon, self.root, None, None
+        try:
+            if d is not None:
+                code = d.stop()
+                assert not check or code == 0, d.read_log()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def check_after(self, test: str) -> None:
+        """Close what the test left open, then nothing may be left in the daemon's tree."""
+        d = self.daemon
+        try:
+            with d.client() as c:
+                for s in c.session_list()["sessions"]:
+                    c.session_close(s["session"])
+            left = wait_gone([p for p in d.tree() if not has_ended(p)], timeout=10)
+            assert not left, f"{test} left processes behind: {left}"
+        except Exception as e:
+            ended = d.proc.poll() is not None
+            log = d.read_log()[-3000:]
+            self.discard(check=False)
+            if ended:
+                raise AssertionError(f"the module's daemon ended during {test}\n{log}") from e
+            raise
+
+
+@pytest.fixture(scope="module")
+def shared_module_daemon():
+    shared = ModuleDaemon()
+    try:
+        yield shared
+    finally:
+        shared.discard()
+
+
 @pytest.fixture
-def daemon(daemon_root):
-    d = RunningDaemon(daemon_root).start()
+def daemon(request):
+    """Its own daemon for each test; in a module marked `shared_daemon`, the module's daemon
+    with a workspace of the test's own (unless the test is marked `fresh_daemon`)."""
+    if request.node.get_closest_marker("shared_daemon") and \
+            not request.node.get_closest_marker("fresh_daemon"):
+        shared = request.getfixturevalue("shared_module_daemon")
+        d = shared.get()
+        workspace = tempfile.mkdtemp(prefix="ws-", dir=d.root)
+        yield DaemonView(d, workspace)
+        shared.check_after(request.node.nodeid)
+        shutil.rmtree(workspace, ignore_errors=True)
+        return
+    d = RunningDaemon(request.getfixturevalue("daemon_root")).start()
     yield d
     assert d.stop() == 0, d.read_log()
 

@@ -10,6 +10,8 @@ import trio
 from conftest import wait_gone
 from toolsd.client import AsyncClient, ToolsdError
 
+pytestmark = pytest.mark.shared_daemon
+
 
 async def test_trio_many_tasks_one_connection_none_stuck_behind_a_slow_call(daemon):
     async with await AsyncClient.connect(daemon.socket) as client:

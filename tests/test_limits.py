@@ -12,6 +12,8 @@ from conftest import has_ended, needs_bwrap
 from toolsd.client import ToolsdError
 from toolsd.sandbox import cgroups
 
+pytestmark = pytest.mark.shared_daemon
+
 
 PLACES, WHY_NOT = cgroups.find_places()
 needs_pids_cgroup = pytest.mark.skipif(

@@ -15,6 +15,8 @@ from toolsd.client import Client, ToolsdError
 
 import pytest
 
+pytestmark = pytest.mark.shared_daemon
+
 
 def raw_connect(daemon) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

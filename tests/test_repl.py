@@ -18,7 +18,7 @@ import psutil
 import pytest
 import trio
 
-from conftest import RunningDaemon, alive, needs_bwrap, module_daemon as shared_daemon, wait_gone
+from conftest import DaemonView, alive, needs_bwrap, module_daemon as shared_daemon, wait_gone
 from toolsd.client import Client, ToolsdError
 from toolsd.wire.framing import FrameReader, encode_frame
 from toolsd.daemon.connection import MAX_IN_FLIGHT
@@ -31,17 +31,6 @@ needs_node = pytest.mark.skipif(not HAVE_NODE, reason="node is not installed")
 STUCK_S = 30
 
 
-class _OneWorkspace:
-    """The module's daemon, seen with a workspace of the test's own."""
-
-    def __init__(self, daemon: RunningDaemon, workspace: str):
-        self._daemon = daemon
-        self.workspace = workspace
-
-    def __getattr__(self, name):
-        return getattr(self._daemon, name)
-
-
 @pytest.fixture(scope="module")
 def module_daemon():
     # One daemon for the module: starting and stopping one per test would cost most of the
@@ -52,7 +41,7 @@ def module_daemon():
 @pytest.fixture
 def daemon(module_daemon):
     workspace = tempfile.mkdtemp(prefix="ws-", dir=module_daemon.root)
-    yield _OneWorkspace(module_daemon, workspace)
+    yield DaemonView(module_daemon, workspace)
     assert repl_pids(module_daemon) == [], "a test left an interpreter running"
     shutil.rmtree(workspace, ignore_errors=True)
 

@@ -17,6 +17,8 @@ from conftest import has_ended, needs_bwrap, wait_for, wait_gone
 from toolsd.client import ToolsdError
 from toolsd.wire.framing import FrameReader
 
+pytestmark = pytest.mark.shared_daemon
+
 
 def test_output_and_exit_code(client, session):
     r = client.shell_run(session, "echo out; echo err >&2; exit 3")
@@ -232,6 +234,7 @@ def test_closed_session_refuses_and_leaves_nothing(daemon, client, session):
     assert [p for p in daemon.tree() if not has_ended(p)] == []
 
 
+@pytest.mark.fresh_daemon  # it stops the daemon
 def test_daemon_stop_leaves_no_process(daemon, client, session):
     client.process_start(session, "sleep 1000")
     tree = daemon.tree()
