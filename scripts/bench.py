@@ -3,6 +3,10 @@
 
 Run: .venv/bin/python scripts/bench.py [section ...] [--sessions N] [--clients N]   (sections:
 see SECTIONS below; the options are for `load`)
+Two trees side by side: scripts/bench.py --tree ../before --tree . [--rounds N] [section ...]
+runs the daemon of each tree in turn (rounds A B A B ...) and prints each figure for both,
+min-max over the rounds. Only the daemon comes from each tree; the bench itself, its client
+and the anchors are this tree's, so a figure that moves between the trees is the daemon's.
 Timings live here, never in tests: machines are noisy, so every figure comes with a ratio to
 something measured on the same machine a moment earlier.
 """
@@ -10,7 +14,9 @@ something measured on the same machine a moment earlier.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import re
 import os
 import shutil
 import signal
@@ -43,8 +49,24 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:8.2f} ms"
 
 
+# The tree whose daemon running_daemon starts (--tree); None: this one, as installed.
+TREE: str | None = None
+# With --tree: name -> tree -> the (value, anchor, ratio) of each round, printed at the end.
+FIGURES: dict[str, dict[str, list]] | None = None
+# Daemons started since the section began: a figure reported before any measured this tree's
+# code whatever --tree says (the launcher section, in-process anchors).
+SECTION_DAEMONS = 0
+IN_PROCESS: set[str] = set()
+
+
 def report(name: str, value: str, *, anchor: str = "", ratio: float | None = None,
            target: str = "") -> None:
+    if FIGURES is not None:
+        FIGURES.setdefault(name, collections.defaultdict(list))[TREE].append(
+            (value, anchor, ratio))
+        if not SECTION_DAEMONS:
+            IN_PROCESS.add(name)
+        return
     line = f"{name:<52} {value}"
     if anchor:
         line += f"   anchor {anchor}"
@@ -71,11 +93,15 @@ def running_daemon(*extra: str, env: dict[str, str] | None = None):
     root = tempfile.mkdtemp(prefix="toolsd-bench-", dir="/tmp")
     # The socket in a folder of its own: sessions may not open workspaces inside it.
     sock = os.path.join(root, "run", "toolsd.sock")
+    global SECTION_DAEMONS
+    SECTION_DAEMONS += 1
+    # A tree on PYTHONPATH wins over the editable install's finder, which comes after it.
+    tree_env = {"PYTHONPATH": TREE} if TREE else {}
     proc = subprocess.Popen(
         [sys.executable, "-m", "toolsd", "serve", "--socket", sock,
          "--state-dir", os.path.join(root, "state"), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,
-        env={**os.environ, **(env or {})})
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=TREE or ROOT,
+        env={**os.environ, **(env or {}), **tree_env})
     line = proc.stdout.readline().decode()
     if "listening" not in line:
         raise SystemExit(f"toolsd did not start: {line!r}")
@@ -316,6 +342,53 @@ SECTIONS = {
 }
 
 
+NUMBER = re.compile(r"^(.*?)\s*(-?\d+(?:\.\d+)?)\s*(\S*)$")
+
+
+def spread(texts: list[str]) -> str:
+    """'label lo-hi unit' over the rounds' texts of one figure or anchor, read back from the
+    text report() was given (the same label and unit in every round)."""
+    parsed = [NUMBER.match(t.strip()) for t in texts if t]
+    if not parsed or not all(parsed):
+        return " | ".join(t.strip() for t in texts if t)
+    label, unit = parsed[0].group(1), parsed[0].group(3)
+    values = [float(m.group(2)) for m in parsed]
+    return f"{label} {min(values):g}-{max(values):g} {unit}".strip()
+
+
+def print_side_by_side(trees: list[str]) -> None:
+    for name, by_tree in FIGURES.items():
+        print(name + ("   [no daemon: this checkout's code in every column]"
+                      if name in IN_PROCESS else ""))
+        for i, tree in enumerate(trees):
+            rounds = by_tree.get(tree, [])
+            line = f"  {chr(65 + i)} {spread([v for v, _, _ in rounds]):<24}"
+            if any(a for _, a, _ in rounds):
+                line += f"  anchor {spread([a for _, a, _ in rounds])}"
+            ratios = [r for _, _, r in rounds if r is not None]
+            if ratios:
+                line += f"  ratio {min(ratios):.2f}-{max(ratios):.2f}"
+            print(f"{line}  ({len(rounds)} rounds)", flush=True)
+
+
+def run_trees(trees: list[str], rounds: int, names: list[str]) -> None:
+    global TREE, FIGURES, SECTION_DAEMONS
+    for i, tree in enumerate(trees):
+        if not os.path.isfile(os.path.join(tree, "toolsd", "__main__.py")):
+            raise SystemExit(f"--tree {tree}: no toolsd/__main__.py there; give a checkout")
+        print(f"{chr(65 + i)} = {tree}")
+    FIGURES = {}
+    for r in range(rounds):
+        for tree in trees:
+            print(f"round {r + 1}/{rounds}: {tree}", flush=True)
+            TREE = tree
+            for name in names:
+                SECTION_DAEMONS = 0
+                SECTIONS[name]()
+    TREE = None
+    print_side_by_side(trees)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="toolsd's speed, next to anchors")
     parser.add_argument("sections", nargs="*", metavar="section",
@@ -324,6 +397,10 @@ def main(argv: list[str]) -> None:
                         help="sessions the load section opens (default 200)")
     parser.add_argument("--clients", type=int, default=16,
                         help="concurrent clients of the load section (default 16)")
+    parser.add_argument("--tree", action="append", default=[], metavar="PATH",
+                        help="a checkout whose daemon to measure (repeat to compare trees)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --tree: rounds over the trees (default 3)")
     args = parser.parse_args(argv)
     names = args.sections or list(SECTIONS)
     for name in names:
@@ -331,9 +408,15 @@ def main(argv: list[str]) -> None:
             raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
     print(f"toolsd bench on {os.cpu_count()} cores, python {sys.version.split()[0]}")
     OPTIONS.update(sessions=args.sessions, clients=args.clients)
+    if args.tree:
+        run_trees([os.path.abspath(t) for t in args.tree], args.rounds, names)
+        return
     for name in names:
         SECTIONS[name]()
 
 
 if __name__ == "__main__":
+    # The sections' `from bench import report, running_daemon` must find this module, with
+    # its TREE and FIGURES, not a second copy of the file.
+    sys.modules.setdefault("bench", sys.modules[__name__])
     main(sys.argv[1:])
