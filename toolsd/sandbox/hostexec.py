@@ -15,21 +15,25 @@ inotify watch on every folder; afterwards only the folders that the kernel says 
 looked at. The repositories' own folders (the git dir, its hooks/) are watched too, so an
 unchanged workspace costs one poll per call.
 
-Resource handling: a Tracker owns its inotify descriptor; `close()` releases it. Its
-methods do blocking I/O: the session runs `start` and `update` in a worker thread, one at
-a time; `current` and `changed` are cheap and safe from the event loop.
+The watches are on the daemon's one inotify instance (inotify.py), shared by every
+session: a user has only `fs.inotify.max_user_instances` of them. A Tracker's watches are
+its own to count (MAX_WATCHES) and to release; two sessions watching the same folder share
+the kernel's watch, and each gets its events.
+
+Resource handling: a Tracker owns its watches on the shared instance; `close()` releases
+them (never the instance). Its methods do blocking I/O: the session runs `start` and
+`update` in a worker thread, one at a time; `current` and `changed` are cheap and safe from
+the event loop.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
-import select
-import struct
 import threading
 
+from toolsd.sandbox import inotify
 from toolsd.sandbox.gitrepo import Repo, inside, is_gitdir, read_gitfile
 
 log = logging.getLogger("toolsd.hostexec")
@@ -42,21 +46,21 @@ _IN_MOVED_TO = 0x80
 _IN_CREATE = 0x100
 _IN_DELETE = 0x200
 _IN_DELETE_SELF = 0x400
-_IN_Q_OVERFLOW = 0x4000
-_IN_IGNORED = 0x8000
+_IN_IGNORED = inotify.IN_IGNORED
 _IN_ONLYDIR = 0x1000000
 _IN_DONT_FOLLOW = 0x2000000
 _IN_EXCL_UNLINK = 0x4000000
 _IN_ISDIR = 0x40000000
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
 
 # A folder of the worktree: entries made, moved or removed (not file writes: a build would
 # flood the queue). A git dir or hooks folder: every change.
 _TREE_MASK = (_IN_CREATE | _IN_MOVED_TO | _IN_MOVED_FROM | _IN_DELETE | _IN_DELETE_SELF
               | _IN_ONLYDIR | _IN_DONT_FOLLOW | _IN_EXCL_UNLINK)
 _GIT_MASK = _TREE_MASK | _IN_MODIFY | _IN_CLOSE_WRITE | _IN_ATTRIB
-_EVENT = struct.Struct("iIII")
+# Most bytes of events read, and most events taken in, from the event loop (update_now);
+# more wait for a worker thread.
+_READ_NOW = 64 * 1024
+_TAKE_NOW = 1024
 
 # Names whose appearance in a folder may make it a bare repository (or a git dir).
 _GITDIR_NAMES = frozenset({"HEAD", "config", "objects", "refs", "commondir", "gitdir"})
@@ -68,28 +72,18 @@ _WATCHED_IN_GITDIR = frozenset({"config", "config.worktree", "hooks", "commondir
 # report says so.
 MAX_WATCHES = 50_000
 
-_libc = None
-
-
-def _inotify():
-    global _libc
-    if _libc is None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        _libc = libc
-    return _libc
-
 
 class Tracker:
     """The repositories of one workspace and what the session added to them (see the
-    module's docstring). Built by `start()`, brought up to date by `update()`."""
+    module's docstring). Built by `start()`, brought up to date by `update()`. Its
+    watches are on `instance` (the daemon's shared one unless given)."""
 
-    def __init__(self, workspace: str):
+    def __init__(self, workspace: str, instance: inotify.Inotify | None = None):
         self.workspace = workspace
         self.found: tuple[str, ...] = ()  # the report: replaced whole, read from any thread
         self.complete = True  # False once a folder could not be watched (see start)
-        self._fd = -1
-        self._poll = select.poll()
+        self._inotify = instance or inotify.shared()
+        self._watching = False  # from start() to close()
         self._lock = threading.Lock()
         self._wd_path: dict[int, str] = {}
         self._path_wd: dict[str, int] = {}
@@ -104,28 +98,24 @@ class Tracker:
 
     def start(self) -> None:
         """Watch the workspace and take its repositories as they are now as the baseline."""
-        fd = _inotify().inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-        if fd < 0:
-            self._incomplete(f"no inotify ({os.strerror(ctypes.get_errno())})", self.workspace)
-            self._report()
-            return
         with self._lock:
-            self._fd = fd
-            self._poll.register(fd, select.POLLIN)
+            self._watching = True
             self._walk(self.workspace)
             self._settle()
             self.rebaseline_locked()
 
     def close(self) -> None:
+        """Release this session's watches (the kernel's, where no other session shares
+        them); events still queued for it are dropped."""
         with self._lock:
-            fd, self._fd = self._fd, -1
-            if fd != -1:
-                os.close(fd)
+            self._watching = False
+            wds, self._wd_path, self._path_wd, self._wd_repo = list(self._wd_path), {}, {}, {}
+            self._inotify.leave(self, wds)
 
     def rebaseline(self) -> None:
         """What is there now is the baseline (a sandbox made ahead, handed to a session)."""
         with self._lock:
-            if self._fd != -1:
+            if self._watching:
                 self._read_events()
                 self._settle()
             self.rebaseline_locked()
@@ -143,9 +133,11 @@ class Tracker:
     # ------------------------------------------------------------ per call
 
     def changed(self) -> bool:
-        """Whether `update` has anything to do (cheap: one poll, no reading): events not
-        read yet, or read (update_now) and not taken in yet."""
-        return self._fd != -1 and (bool(self._poll.poll(0)) or self._unsettled())
+        """Whether `update` has anything to do (cheap: one ioctl, no reading): events not
+        read yet (the shared queue's: perhaps some are this session's), read and not taken
+        yet, or taken (update_now) and not looked at yet."""
+        return self._watching and (self._inotify.pending() > 0 or self._inotify.queued(self) > 0
+                                   or self._unsettled())
 
     def _unsettled(self) -> bool:
         return bool(self._new_dirs) or self._rescan or any(r.dirty for r in self._repos.values())
@@ -153,14 +145,18 @@ class Tracker:
     def update_now(self) -> tuple[str, ...] | None:
         """`update` if what changed is cheap to take in (files made or removed: most calls
         make some), without a worker thread; None if it is not (folders to walk,
-        repositories to read, more events than one read holds), and `update` must run."""
+        repositories to read, more events queued than `_READ_NOW`, another session reading
+        them), and `update` must run."""
         if not self._lock.acquire(blocking=False):
             return None  # an update is running in a thread
         try:
-            if self._fd == -1:
+            if not self._watching:
                 return self.found
-            self._read_events(once=True)
-            if self._unsettled() or self._poll.poll(0):
+            if (not self._inotify.pump(limit=_READ_NOW, wait=False)
+                    or self._inotify.queued(self) > _TAKE_NOW):
+                return None
+            self._take_events()
+            if self._unsettled():
                 return None
             return self._report()
         finally:
@@ -169,7 +165,7 @@ class Tracker:
     def update(self) -> tuple[str, ...]:
         """Take in what changed since the last call; the report (also in `found`)."""
         with self._lock:
-            if self._fd == -1:
+            if not self._watching:
                 return self.found
             self._read_events()
             self._settle()
@@ -200,11 +196,14 @@ class Tracker:
         if len(self._wd_path) >= MAX_WATCHES:
             self._incomplete(f"more than {MAX_WATCHES} folders", path)
             return None
-        wd = _inotify().inotify_add_watch(self._fd, os.fsencode(path), mask)
-        if wd < 0:
-            if ctypes.get_errno() == errno.ENOSPC:
+        try:
+            wd = self._inotify.subscribe(self, path, mask)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
                 self._incomplete("the user's inotify watches (fs.inotify.max_user_watches) "
                                  "all taken", path)
+            elif e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                self._incomplete(str(e), path)
             return None
         self._wd_path[wd] = path
         self._path_wd[path] = wd
@@ -280,8 +279,7 @@ class Tracker:
         path = self._wd_path.pop(wd, None)
         if path is not None and self._path_wd.get(path) == wd:
             del self._path_wd[path]
-        if self._fd != -1:
-            _inotify().inotify_rm_watch(self._fd, wd)
+        self._inotify.unsubscribe(self, wd)
 
     def _forget_below(self, top: str, *, watches: bool) -> None:
         """A folder moved away or removed: drop the repositories at and below it, and (moved:
@@ -296,25 +294,20 @@ class Tracker:
             if inside(gitdir, top):
                 self._forget_repo(repo)
 
-    def _read_events(self, *, once: bool = False) -> None:
-        while True:
-            try:
-                data = os.read(self._fd, 64 * 1024)
-            except BlockingIOError:
-                return
-            pos = 0
-            while pos + _EVENT.size <= len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
-                raw = data[pos + _EVENT.size:pos + _EVENT.size + length]
-                pos += _EVENT.size + length
-                self._event(wd, mask, os.fsdecode(raw.rstrip(b"\0")))
-            if once:
-                return
+    def _read_events(self) -> None:
+        """Everything queued when called, this session's events among it (a call over:
+        all it caused), taken in."""
+        self._inotify.pump()
+        self._take_events()
+
+    def _take_events(self) -> None:
+        events, lost = self._inotify.take(self)
+        if lost:
+            self._rescan = True  # the shared queue overflowed, or this session's inbox
+        for wd, mask, name in events:
+            self._event(wd, mask, name)
 
     def _event(self, wd: int, mask: int, name: str) -> None:
-        if mask & _IN_Q_OVERFLOW:
-            self._rescan = True
-            return
         if mask & _IN_IGNORED:
             self._wd_repo.pop(wd, None)
             path = self._wd_path.pop(wd, None)

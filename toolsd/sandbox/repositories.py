@@ -78,6 +78,6 @@ class RepositoryWatch:
 
     async def aclose(self) -> None:
         if self.tracker is not None:
-            # Closing an inotify descriptor waits for the kernel's RCU grace period
-            # (milliseconds): not on the event loop.
+            # One syscall per watch released (a big workspace has thousands): not on the
+            # event loop.
             await trio.to_thread.run_sync(self.tracker.close)
