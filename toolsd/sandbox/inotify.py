@@ -21,7 +21,9 @@ IN_IGNORED (the watch is gone: its folder was removed, or we removed it) goes to
 subscriber whatever its mask, and ends the wd here, so that the number can be handed out
 again. One that answers our own `inotify_rm_watch` comes after we forgot the wd: it is
 counted when we remove, and swallowed when it arrives, so that it never ends a later watch
-that got the same number.
+that got the same number. (The kernel hands numbers out cyclically: one whose watch the
+kernel ended by itself comes back only after some 2**31 others, long after its IN_IGNORED
+was read.)
 
 Resource handling: the descriptor is opened by the first `subscribe` and kept for the life
 of the process (close-on-exec); a listener's `leave` releases its watches and inbox.
