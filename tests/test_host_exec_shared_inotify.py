@@ -7,12 +7,13 @@ without one blinding the other."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import pytest
 import trio
 
-from conftest import module_daemon, needs_bwrap
+from conftest import RunningDaemon, module_daemon, needs_bwrap, short_tempdir
 from toolsd.client import AsyncClient
 
 pytestmark = needs_bwrap
@@ -48,6 +49,19 @@ def inotify_instances(pid: int) -> int:
 
 def new_workspace(daemon) -> str:
     return tempfile.mkdtemp(dir=daemon.root, prefix="ws-")
+
+
+def test_the_daemon_takes_its_inotify_instance_at_start():
+    # Before any session: later, other programs may have taken every instance the user has.
+    root = short_tempdir()
+    d = RunningDaemon(root).start()
+    try:
+        with d.client() as c:
+            c.hello()
+        assert inotify_instances(d.proc.pid) == 1
+        assert d.stop() == 0, d.read_log()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_twenty_sessions_use_one_inotify_instance(daemon, client):

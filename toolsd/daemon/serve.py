@@ -25,6 +25,7 @@ from toolsd.daemon.connection import Connection
 from toolsd.daemon.state import StateInUse, ensure_private_dir
 from toolsd.daemon.supervisor import Config, Supervisor
 from toolsd.sandbox import home
+from toolsd.sandbox import inotify
 from toolsd.sandbox.probe import probe_bwrap
 
 log = logging.getLogger("toolsd")
@@ -103,6 +104,13 @@ def run(config: Config, *, announce=print) -> None:
         if config.require_sandbox:
             raise StartupError(f"--require-sandbox: no sandbox is possible here: {why_not}")
         log.warning("sessions will run UNSANDBOXED (sandbox: none): %s", why_not)
+    try:
+        # Taken at start: made at the first session, it could find the user's inotify
+        # instances all taken by other programs by then.
+        inotify.shared().open()
+    except OSError as e:
+        log.warning("host_exec: %s; sessions will report that their workspace is not "
+                    "watched until one can be made (fs.inotify.max_user_instances)", e)
     try:
         trio.run(_main, config, bwrap, why_not, announce)
     finally:

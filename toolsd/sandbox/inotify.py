@@ -82,12 +82,7 @@ class Inotify:
         """Watch `path` for `who`; its wd. Raises OSError (ENOSPC: the user's watches are
         all taken; EMFILE: the user's instances are, and this is the first watch)."""
         with self.lock:
-            if self._fd == -1:
-                fd = _c().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-                if fd < 0:
-                    code = ctypes.get_errno()
-                    raise OSError(code, f"no inotify instance: {os.strerror(code)}")
-                self._fd = fd
+            self._open_locked()
             wd = _c().inotify_add_watch(self._fd, os.fsencode(path), mask | _IN_MASK_ADD)
             if wd < 0:
                 code = ctypes.get_errno()
@@ -96,6 +91,20 @@ class Inotify:
             subs[who] = subs.get(who, 0) | mask
             self._inboxes.setdefault(who, [])
             return wd
+
+    def open(self) -> None:
+        """Take the descriptor now (the daemon does at start, while the user's instances are
+        not all taken by other programs). Raises OSError as subscribe does."""
+        with self.lock:
+            self._open_locked()
+
+    def _open_locked(self) -> None:
+        if self._fd == -1:
+            fd = _c().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd < 0:
+                code = ctypes.get_errno()
+                raise OSError(code, f"no inotify instance: {os.strerror(code)}")
+            self._fd = fd
 
     def unsubscribe(self, who: object, wd: int) -> None:
         with self.lock:
