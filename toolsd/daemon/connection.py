@@ -20,6 +20,7 @@ import trio
 from toolsd.daemon import dispatch
 from toolsd.daemon.requests import Entry, RequestTable, State
 from toolsd.runtime.fdio import READ_SIZE, FdReader, write_all
+from toolsd.wire.events import encode_event
 from toolsd.wire.framing import FrameReader, FrameTooLarge, encode_frame
 from toolsd.wire.protocol import (
     BAD_FRAME,
@@ -59,7 +60,7 @@ class Connection:
         self.fd = stream.socket.fileno()
         self.send_lock = trio.Lock()
         self.requests = RequestTable(MAX_IN_FLIGHT, start_task=self._start_task,
-                                     deliver=self._deliver)
+                                     deliver=self._deliver, send_event=self.send_event)
         # The rest of an answer that the socket did not take at once: it goes out before
         # anything else (see _write_now).
         self._unsent = b""
@@ -99,6 +100,33 @@ class Connection:
             await write_all(self.fd, frame, started=then)
         except (OSError, trio.ClosedResourceError):
             pass  # the client went away; its requests are being cancelled
+        finally:
+            self.send_lock.release()
+
+    async def send_event(self, request_id: int, data: str) -> None:
+        """Write one event frame of a streaming request (answers.Answer.emit), returning once
+        it is out: the socket is the flow control, so a request has at most one event on its
+        way and a client that does not read holds the tool that emits. Cancelled (its
+        request, or the connection) before its first byte, it sends nothing; after, the rest
+        of the frame waits in `_unsent`, which goes out before any other frame."""
+        frame = encode_frame(encode_event(request_id, data))
+        await self.send_lock.acquire()
+        view = memoryview(self._unsent + frame if self._unsent else frame)
+        begun = bool(self._unsent)  # another frame's rest comes first: it must end whole
+        self._unsent = b""
+        try:
+            while view:
+                try:
+                    view = view[os.write(self.fd, view):]
+                    begun = True
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(self.fd)
+        except (OSError, trio.ClosedResourceError):
+            pass  # the client went away; its requests are being cancelled
+        except BaseException:
+            if begun:
+                self._unsent = bytes(view)
+            raise
         finally:
             self.send_lock.release()
 

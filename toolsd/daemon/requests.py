@@ -64,6 +64,9 @@ class Entry:
     def after(self, fn: Callable[[], None]) -> None:
         self._after.append(fn)
 
+    async def emit(self, data: str) -> None:
+        await self._table.send_event(self.request.id, data)
+
     def run_after(self) -> None:
         """Run the work given to `after`, once: the connection calls it as the answer's
         first write starts, and again (finding nothing) once the request is over."""
@@ -91,11 +94,13 @@ class Entry:
 
 class RequestTable:
     def __init__(self, limit: int, *, start_task: Callable[[Entry], None],
-                 deliver: Callable[[Entry, object], None]):
+                 deliver: Callable[[Entry, object], None],
+                 send_event: Callable[[int, str], Awaitable[None]] | None = None):
         self.limit = limit
         self.taken = 0
         self._start_task = start_task  # run `entry` (its rest, if it has one) in a task
         self.deliver = deliver  # write a detached request's answer; release once written
+        self.send_event = send_event  # write one event of a request (tools.calls.Answer.emit)
         self._registered: dict[int, Entry] = {}
 
     def admit(self, request: Request) -> Entry | None:

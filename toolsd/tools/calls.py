@@ -21,6 +21,13 @@ class Answer(Protocol):
         the answer (shell.run lets its shim go), nor wait on a client that reads slowly.
         Runs exactly once, whoever answers."""
 
+    async def emit(self, data: str) -> None:
+        """Send one output event of the request (protocol 1.1 "stream": only to a request
+        that asked, only before its answer; at most wire.events.EVENT_MAX_BYTES), returning
+        once it is out: the socket is the flow control, so a client that does not read
+        holds the tool that emits. Cancelled before its first byte it sends nothing; after,
+        the rest of the frame still goes out whole (before the answer)."""
+
 
 class Detached(Answer, Protocol):
     """A request in flight with no task of its own. A repl.exec on an idle, running
