@@ -9,15 +9,22 @@ lives once in core.py (ClientCore); the two clients only move bytes. Exceptions:
 `call(method, **params)` returns the result map. The named helpers (`shell_run`, ...) are the
 same call with the contract's names; on AsyncClient they are awaited.
 
+Live output (protocol 1.1 "stream"): `call(..., on_event=fn)` (and so `shell_run(...,
+on_event=fn)`) asks for the request's events and calls `fn(event)` with each, in order, in the
+caller's own thread or task, before returning the result; `AsyncClient.stream(method, ...)`
+gives them as an async iterator instead. An `Event` has `event` ("output") and `data` (text).
+
 Connecting: when the daemon's queue of connections waiting to be accepted is full (a burst of
 clients, or a daemon that does not accept), the kernel refuses a connect at once (EAGAIN). Both
 clients then try again, with short pauses, for up to CONNECT_WAIT_S (a blocking Client with a
 shorter `timeout`: that long), and raise ConnectionLost saying so if the queue stays full.
 """
 
-from toolsd.client.asynchronous import AsyncClient
+from toolsd.client.asynchronous import AsyncClient, StreamingCall
 from toolsd.client.blocking import Client
 from toolsd.client.core import CONNECT_WAIT_S, ConnectionLost
+from toolsd.wire.events import Event
 from toolsd.wire.protocol import ToolsdError
 
-__all__ = ["Client", "AsyncClient", "ToolsdError", "ConnectionLost", "CONNECT_WAIT_S"]
+__all__ = ["Client", "AsyncClient", "StreamingCall", "Event", "ToolsdError", "ConnectionLost",
+           "CONNECT_WAIT_S"]

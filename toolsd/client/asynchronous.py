@@ -4,6 +4,7 @@ once over one connection, each awaiting its reply."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from toolsd.client.core import (
@@ -15,6 +16,7 @@ from toolsd.client.core import (
     Methods,
     connect_steps,
 )
+from toolsd.wire.events import Event
 from toolsd.wire.paths import resolve_socket_path
 
 
@@ -42,36 +44,115 @@ class AsyncClient(Methods):
         backend = await _Backend.open(path)
         return cls(backend, path)
 
-    async def call(self, method: str, **params: Any) -> Any:
-        request_id, frame = self._proto.request(method, params)
+    async def call(self, method: str, on_event: Callable[[Event], Any] | None = None,
+                   **params: Any) -> Any:
+        """The result of `method`. With `on_event`, the request asks for its events (1.1
+        "stream": output as it comes) and `on_event(event)` is called with each, in order, in
+        this task, before the result is returned; if it raises, the request is cancelled."""
+        request_id = await self._send(method, params, stream=on_event is not None)
+        try:
+            while True:
+                await self._wait(request_id)
+                for event in self._proto.take_events(request_id):
+                    on_event(event)
+                if request_id in self._proto.replies:
+                    break
+        except BaseException:
+            await self._abandon(request_id)
+            raise
+        return self._proto.take(request_id)
+
+    def stream(self, method: str, **params: Any) -> StreamingCall:
+        """The request's events (1.1 "stream") as an async iterator; its result afterwards::
+
+            async with client.stream("shell.run", session=s, command="make") as call:
+                async for event in call:
+                    print(event.data, end="")
+            result = call.result
+
+        An error reply is raised by the iteration. Leaving the `async with` before the end
+        cancels the request."""
+        return StreamingCall(self, method, params)
+
+    async def _send(self, method: str, params: dict, stream: bool = False) -> int:
+        request_id, frame = self._proto.request(method, params, stream=stream)
         async with self._send_lock:
             await self._io.send_all(frame)
+        return request_id
+
+    async def _wait(self, request_id: int) -> None:
+        """Until the request's reply or one of its events is in."""
         # One task at a time reads; after each chunk it wakes every waiter, and a waiter whose
         # reply is not in yet becomes the next reader if nobody is reading. So a reply that
         # came in someone else's chunk is never stuck behind a read for a slower request.
-        try:
-            while request_id not in self._proto.replies:
-                if self._reading:
-                    await self._arrived.wait()
-                    continue
-                self._reading = True
-                try:
-                    self._proto.feed(await self._io.receive_some())
-                finally:
-                    self._reading = False
-                    arrived, self._arrived = self._arrived, self._io.event()
-                    arrived.set()
-        except BaseException:
-            cancel = self._proto.abandon(request_id)
-            if cancel is not None:
-                await self._io.send_regardless(cancel, self._send_lock)
-            raise
-        return self._proto.take(request_id)
+        while not self._proto.ready(request_id):
+            if self._reading:
+                await self._arrived.wait()
+                continue
+            self._reading = True
+            try:
+                self._proto.feed(await self._io.receive_some())
+            finally:
+                self._reading = False
+                arrived, self._arrived = self._arrived, self._io.event()
+                arrived.set()
+
+    async def _abandon(self, request_id: int) -> None:
+        """The caller gave up on the request: a `cancel` for it, unless it was answered."""
+        cancel = self._proto.abandon(request_id)
+        if cancel is not None:
+            await self._io.send_regardless(cancel, self._send_lock)
 
     async def aclose(self) -> None:
         await self._io.aclose()
 
     async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class StreamingCall:
+    """One streaming request of an AsyncClient (`AsyncClient.stream`): iterate its events;
+    `result` holds its result once the iteration has ended."""
+
+    def __init__(self, client: AsyncClient, method: str, params: dict):
+        self._client = client
+        self._method = method
+        self._params = params
+        self._id: int | None = None
+        self._over = False
+        self.result: Any = None
+
+    def __aiter__(self) -> StreamingCall:
+        return self
+
+    async def __anext__(self) -> Event:
+        client = self._client
+        if self._over:
+            raise StopAsyncIteration
+        if self._id is None:
+            self._id = await client._send(self._method, self._params, stream=True)
+        try:
+            await client._wait(self._id)
+        except BaseException:
+            await self.aclose()
+            raise
+        queue = client._proto.events.get(self._id)
+        if queue:
+            return queue.popleft()
+        self._over = True
+        self.result = client._proto.take(self._id)  # raises an error reply
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        """Cancel the request if it has not been answered (nothing if it was)."""
+        if self._id is not None and not self._over:
+            self._over = True
+            await self._client._abandon(self._id)
+
+    async def __aenter__(self) -> StreamingCall:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from toolsd.client.core import (
@@ -13,6 +14,7 @@ from toolsd.client.core import (
     Methods,
     connect_steps,
 )
+from toolsd.wire.events import Event
 from toolsd.wire.paths import resolve_socket_path
 
 
@@ -33,14 +35,30 @@ class Client(Methods):
             connecting.close()
         self._sock.settimeout(timeout)
 
-    def call(self, method: str, **params: Any) -> Any:
-        request_id, frame = self._proto.request(method, params)
+    def call(self, method: str, on_event: Callable[[Event], Any] | None = None,
+             **params: Any) -> Any:
+        """The result of `method`. With `on_event`, the request asks for its events (1.1
+        "stream": output as it comes) and `on_event(event)` is called with each, in order,
+        before the result is returned; if it raises, the request is cancelled."""
+        request_id, frame = self._proto.request(method, params, stream=on_event is not None)
         try:
             self._sock.sendall(frame)
-            while request_id not in self._proto.replies:
+            while True:
+                for event in self._proto.take_events(request_id):
+                    on_event(event)
+                if request_id in self._proto.replies:
+                    break
                 self._proto.feed(self._sock.recv(RECV_SIZE))
         except OSError as e:  # includes the timeout given to the constructor
             raise ConnectionLost(f"no answer from toolsd at {self.socket_path} ({e})") from None
+        except BaseException:
+            cancel = self._proto.abandon(request_id)
+            if cancel is not None:
+                try:
+                    self._sock.sendall(cancel)
+                except OSError:
+                    pass
+            raise
         return self._proto.take(request_id)
 
     def close(self) -> None:

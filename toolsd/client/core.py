@@ -4,6 +4,7 @@ the contract's named calls."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import socket
 import time
@@ -12,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from toolsd.wire.events import Event
 from toolsd.wire.framing import FrameReader, encode_frame
 from toolsd.wire.protocol import DEFAULT_MAX_FRAME, ToolsdError
 
@@ -30,9 +32,13 @@ class ConnectionLost(ToolsdError):
 
 
 class _Reply(msgspec.Struct):
+    """A reply, or an event of a streaming request (protocol 1.1: `event` and `data`)."""
+
     id: int
     result: Any = None
     error: dict | None = None
+    event: str | None = None
+    data: Any = None
 
 
 # At most this per read: more costs an mmap and a munmap per read in some processes (see
@@ -45,24 +51,50 @@ _decoder = msgspec.msgpack.Decoder(_Reply)
 
 
 class ClientCore:
-    """Frames out, replies in; no I/O."""
+    """Frames out, replies and events in; no I/O.
+
+    The events of a streaming request wait in `events[id]`, in order, until its caller takes
+    them (`take_events`), in its own task: a task reading for another call never runs the
+    caller's code. Events for a request that did not ask, or was abandoned, are dropped."""
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME):
         self._next_id = 0
         self.reader = FrameReader(max_frame)
         self.replies: dict[int, _Reply] = {}
+        self.events: dict[int, collections.deque[Event]] = {}
         self._abandoned: set[int] = set()  # ids whose replies nobody waits for
 
-    def request(self, method: str, params: dict) -> tuple[int, bytes]:
+    def request(self, method: str, params: dict, stream: bool = False) -> tuple[int, bytes]:
+        """A request's id and frame; with `stream`, it asks for events and keeps them."""
         self._next_id += 1
+        if stream:
+            params = {**params, "stream": True}
+            self.events[self._next_id] = collections.deque()
         body = _encoder.encode({"id": self._next_id, "method": method, "params": params})
         return self._next_id, encode_frame(body)
+
+    def ready(self, request_id: int) -> bool:
+        """Its reply is in, or an event of it waits."""
+        return request_id in self.replies or bool(self.events.get(request_id))
+
+    def take_events(self, request_id: int) -> list[Event]:
+        queue = self.events.get(request_id)
+        if not queue:
+            return []
+        taken = list(queue)
+        queue.clear()
+        return taken
 
     def feed(self, data: bytes) -> None:
         if not data:
             raise ConnectionLost("toolsd closed the connection")
         for frame in self.reader.feed(data):
             reply = _decoder.decode(frame)
+            if reply.event is not None:
+                queue = self.events.get(reply.id)
+                if queue is not None:
+                    queue.append(Event(reply.id, reply.event, reply.data))
+                continue
             if reply.id == 0 and reply.error is not None:
                 # A connection-level refusal (bad_frame, frame_too_large): the daemon closes.
                 raise _to_error(reply.error)
@@ -74,6 +106,7 @@ class ClientCore:
     def abandon(self, request_id: int) -> bytes | None:
         """The caller gave up waiting for `request_id`: its reply will be dropped. Returns the
         frame of a `cancel` for it (itself abandoned), or None if its reply was already in."""
+        self.events.pop(request_id, None)
         if self.replies.pop(request_id, None) is not None:
             return None
         self._abandoned.add(request_id)
@@ -82,6 +115,7 @@ class ClientCore:
         return frame
 
     def take(self, request_id: int) -> Any:
+        self.events.pop(request_id, None)
         reply = self.replies.pop(request_id)
         if reply.error is not None:
             raise _to_error(reply.error)
