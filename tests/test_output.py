@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 
 import toolsd.tools.output as output
 from toolsd.tools.capped_log import CappedLog
-from toolsd.tools.output import HeadTail, Ring, clip, head_piece, render, tail_piece
+from toolsd.tools.output import (
+    HeadTail,
+    Ring,
+    clip,
+    event_piece,
+    head_piece,
+    render,
+    tail_piece,
+)
 from toolsd.tools.until import UNTIL_OVERLAP_BYTES, UntilScan, compile_until
 
 MARKER = re.compile(r"\n\[\.\.\. (\d+) bytes left out \.\.\.\]\n")
@@ -140,6 +148,31 @@ def test_head_tail_is_within_budget_and_faithful(chunks, max_chars):
         head, left_out, tail = split_marker(text)
         assert whole.startswith(head) and whole.endswith(tail)
         assert 0 < left_out <= len(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chunks=st.lists(
+        st.one_of(st.binary(max_size=40), st.text(max_size=30).map(str.encode)), max_size=12
+    ),
+    limit=st.integers(min_value=16, max_value=64),
+)
+def test_event_pieces_are_bounded_and_join_to_the_rendered_stream(chunks, limit):
+    """As a live stream cuts it (tools/live.py): whatever the arrivals, each piece is at most
+    `limit` bytes of UTF-8, no character is split, and the pieces are `render` of it all."""
+    pending, pieces = b"", []
+    for n, chunk in enumerate(chunks):
+        pending += chunk
+        final = n == len(chunks) - 1
+        while pending:
+            text, used = event_piece(pending, limit, final=final)
+            assert len(text.encode()) <= limit
+            if not used:
+                assert not final and len(pending) < 4  # part of one character
+                break
+            pieces.append(text)
+            pending = pending[used:]
+    assert "".join(pieces) == render(b"".join(chunks))
 
 
 # --- Ring ---------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def sha256_in_session(client, session, path: str) -> str:
 
 
 def test_hello_lists_the_features_built(client):
-    assert client.hello()["features"] == ["spill", "cwd", "figures", "tty", "stdin"]
+    assert client.hello()["features"] == ["spill", "cwd", "figures", "tty", "stdin", "stream"]
 
 
 def test_a_cut_output_is_kept_whole_in_a_file(client, session):
@@ -164,14 +164,6 @@ def test_printing_cannot_forge_the_folder(client, session, workspace):
     # What the command itself writes before the trap is overwritten by the trap's line.
     r = client.shell_run(session, "echo /etc >&3; cd /usr", report_cwd=True)
     assert r["cwd_after"] == "/usr"
-
-
-def test_unbuilt_features_are_refused_by_name(client, session):
-    with pytest.raises(ToolsdError) as e:
-        client.shell_run(session, "true", stream=True)
-    assert e.value.code == "bad_params" and "'stream'" in e.value.message
-    # The defaults, said out loud, are not a use of the feature.
-    assert client.shell_run(session, "echo ok", stream=False)["output"] == "ok\n"
 
 
 def test_unsandboxed_spill_names_the_host_path(daemon_root):

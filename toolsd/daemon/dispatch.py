@@ -126,9 +126,9 @@ async def shell_run(sup: Supervisor, p: ShellRunParams, answer: Answer) -> Shell
         return await session.reported(await shell.run(session, p, answer))
 
 
-async def repl_exec(sup: Supervisor, p: ReplExecParams) -> ReplExecResult:
+async def repl_exec(sup: Supervisor, p: ReplExecParams, answer: Answer) -> ReplExecResult:
     with sup.session(p.session).call() as session:
-        return await session.reported(await repl.execute(session, p))
+        return await session.reported(await repl.execute(session, p, answer))
 
 
 async def process_start(sup: Supervisor, p: ProcessStartParams) -> ProcessStartResult:
@@ -136,10 +136,11 @@ async def process_start(sup: Supervisor, p: ProcessStartParams) -> ProcessStartR
         return await session.reported(await processes.start(sup, session, p))
 
 
-async def process_output(sup: Supervisor, p: ProcessOutputParams) -> ProcessOutputResult:
+async def process_output(sup: Supervisor, p: ProcessOutputParams,
+                         answer: Answer) -> ProcessOutputResult:
     proc = sup.process(p.id)
     with proc.session.call():
-        return await proc.session.reported(await processes.output(proc, p))
+        return await proc.session.reported(await processes.output(proc, p, answer))
 
 
 async def process_stop(sup: Supervisor, p: ProcessStopParams) -> ProcessStopResult:
@@ -198,9 +199,10 @@ METHODS: Final[dict[str, Method]] = {
     "turn.begin": Method(SessionParams, turn_begin),
     "turn.end": Method(TurnEndParams, turn_end),
     "shell.run": Method(ShellRunParams, shell_run, takes_answer=True),
-    "repl.exec": Method(ReplExecParams, repl_exec, detached=repl_exec_detached),
+    "repl.exec": Method(ReplExecParams, repl_exec, takes_answer=True,
+                        detached=repl_exec_detached),
     "process.start": Method(ProcessStartParams, process_start),
-    "process.output": Method(ProcessOutputParams, process_output),
+    "process.output": Method(ProcessOutputParams, process_output, takes_answer=True),
     "process.stop": Method(ProcessStopParams, process_stop),
     "process.write": Method(ProcessWriteParams, process_write),
     "process.resize": Method(ProcessResizeParams, process_resize),

@@ -36,8 +36,9 @@ def signal_name(number: int | None) -> str | None:
         return f"SIG{number}"
 
 
-async def pump(fd: int, sink) -> None:
-    """Read `fd` into `sink(bytes)` until EOF. Closes the fd."""
+async def pump(fd: int, sink, room=None) -> None:
+    """Read `fd` into `sink(bytes)` until EOF. Closes the fd. `room()`, if given, is awaited
+    after each sink: a sink that cannot take more for now holds the writer in its pipe."""
     os.set_blocking(fd, False)
     reader = FdReader(fd, wait_after_short=True)
     try:
@@ -49,6 +50,8 @@ async def pump(fd: int, sink) -> None:
             if not data:
                 return
             sink(data)
+            if room is not None:
+                await room()
     finally:
         trio.lowlevel.notify_closing(fd)
         os.close(fd)

@@ -102,6 +102,9 @@ class Interpreter:
         self._next_sink = idle_sink  # its output's, once all of it is sent
         self._idle_sink = idle_sink
         self._sink = idle_sink
+        # The wait of a streaming request's sink for room (tools/live.py), as for the sink.
+        self._next_room = None
+        self._room = None
         self._wake = trio.Event()
         self._alarm = trio.CancelScope()  # the watch task's wait (see _watch)
         self._alarm_at = math.inf
@@ -169,15 +172,17 @@ class Interpreter:
 
     # ------------------------------------------------------------ requests
 
-    def begin(self, line: bytes, sink) -> None:
+    def begin(self, line: bytes, sink, room=None) -> None:
         """Send one request, as much of it as the pipe takes now (`sent`; send_rest sends
-        the rest). Its output goes to `sink` until its sentinel."""
+        the rest). Its output goes to `sink` until its sentinel; `room()`, if given, holds
+        the pump while the sink cannot take more."""
         self.sentinel = None
         self._wake = trio.Event()
         self._signal(signal.SIGCONT)
         self._send_move(Sending.NONE)
         self._unsent = line
         self._next_sink = sink
+        self._next_room = room
         self._write_some()
 
     async def send_rest(self) -> None:
@@ -211,6 +216,7 @@ class Interpreter:
             self.seq += 1
             self.scanner.expect(self.seq)
             self._sink = self._next_sink
+            self._room = self._next_room
         return True
 
     def wait_detached(self, run: Run) -> None:
@@ -268,7 +274,7 @@ class Interpreter:
     async def _pump(self, read_fd: int) -> None:
         try:
             with self._pump_scope:
-                await pump(read_fd, self._on_data)
+                await pump(read_fd, self._on_data, self._wait_room)
         finally:
             rest = self.scanner.flush()
             if rest:
@@ -278,6 +284,11 @@ class Interpreter:
                 self._move(Life.OUTPUT_CLOSED)
             self._wake.set()
             self._hand_over()
+
+    async def _wait_room(self) -> None:
+        room = self._room
+        if room is not None:
+            await room()
 
     def _on_data(self, data: bytes) -> None:
         while True:
@@ -289,6 +300,7 @@ class Interpreter:
             # Set synchronously with the sentinel: whatever follows it is late output.
             self.sentinel = sentinel
             self._sink = self._idle_sink
+            self._room = None
             self._wake.set()
             waiter, self.waiter = self.waiter, None
             if waiter is not None:

@@ -12,7 +12,7 @@ import collections
 import re
 
 
-__all__ = ["HeadTail", "Ring", "clip", "head_piece", "render", "tail_piece"]
+__all__ = ["HeadTail", "Ring", "clip", "event_piece", "head_piece", "render", "tail_piece"]
 
 
 def render(data: bytes) -> str:
@@ -125,6 +125,20 @@ def head_piece(data: bytes, budget: int, *, final: bool = False) -> tuple[str, i
         pos += _byte_len(kept)
         break
     return "".join(pieces), pos
+
+
+def event_piece(data: bytes, limit: int, *, final: bool = False) -> tuple[str, int]:
+    """The first piece of `data` for one output event: rendered as `output` is, at most
+    `limit` bytes of UTF-8 (and so at most `limit` characters), and its byte length. Unless
+    `data` is `final` (it ends the stream), a character cut by its end or by the limit
+    waits for the next piece ("", 0 if that is all there is)."""
+    end = final and len(data) <= limit
+    text, used = head_piece(data[:limit], limit, final=end)
+    if not text.isascii() and len(text.encode()) > limit:
+        # A character is at most four bytes of UTF-8 (an invalid byte renders as four
+        # characters of one byte): a quarter of the limit in characters always fits.
+        text, used = head_piece(data[:limit], limit // 4, final=end)
+    return text, used
 
 
 def tail_piece(data: bytes, budget: int, *, at_boundary: bool) -> tuple[str, int]:

@@ -10,6 +10,7 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 
 from toolsd.runtime import threads
@@ -17,6 +18,7 @@ from toolsd.sandbox.jobs import signal_name, spawn_shell
 from toolsd.tools.background import CPU_THREADS, BackgroundProcess, remove_log
 from toolsd.tools import input_wait
 from toolsd.tools.capped_log import CappedLog
+from toolsd.tools.live import Follower
 from toolsd.tools.output import head_piece, tail_piece
 from toolsd.tools.plain_text import strip_escapes
 from toolsd.tools.terminal_input import ProcessInput, no_input, terminal_env
@@ -47,6 +49,7 @@ from toolsd.wire.protocol import (
 if TYPE_CHECKING:
     from toolsd.daemon.session import Session
     from toolsd.daemon.supervisor import Supervisor
+    from toolsd.tools.calls import Answer
 
 LOG_CAP_BYTES = 64 << 20  # older output on disk, per process
 # Background processes a session may have that have not finished (running, or exited with
@@ -128,13 +131,18 @@ async def start(supervisor: Supervisor, session: Session,
     return ProcessStartResult(id=process_id, pid=job.pid)
 
 
-async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutputResult:
+async def output(proc: BackgroundProcess, p: ProcessOutputParams, answer: Answer | None = None,
+                 end_known=None) -> ProcessOutputResult:
+    """`answer`: the request's, for its output events (`p.stream`). `end_known(end)`: told
+    where the read ends, the moment that is known (a stream ends there)."""
     until = None
     if p.until is not None:
         try:
             until = compile_until(p.until)
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"process.output: {e}") from None
+    if p.stream and p.wait_s > 0 and answer is not None:
+        return await _output_streamed(proc, p, answer)
     deadline = trio.current_time() + p.wait_s
     while True:
         # A stale or foreign offset past the end reads from the end rather than waiting for
@@ -156,6 +164,8 @@ async def output(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutp
         with trio.move_on_at(deadline):
             await proc.settled()
     end = proc.ring.end
+    if end_known is not None:
+        end_known(end)  # a stream of this read ends there, told before more can come
     if p.since is None:
         # Taken before rendering (which may let other tasks run), so that a concurrent
         # reader of the shared mark starts after this read's output.
@@ -199,6 +209,19 @@ async def resize(proc: BackgroundProcess, p: ProcessResizeParams) -> ProcessResi
         proc.input.close()
     proc.input.resize(p.cols, p.rows)
     return ProcessResizeResult()
+
+
+async def _output_streamed(proc: BackgroundProcess, p: ProcessOutputParams,
+                           answer: Answer) -> ProcessOutputResult:
+    """process.output with `stream`: the output from the read's start as it comes, then up to
+    the answer's `next`, as events; so the same range as the answer's `output`, unless
+    another reader of the shared mark took part of it meanwhile."""
+    start = min(proc.read_mark if p.since is None else p.since, proc.ring.end)
+    follower = Follower(proc, start, answer.emit, strip_escapes if p.plain else None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follower.follow)
+        return await output(proc, msgspec.structs.replace(p, stream=False),
+                            end_known=follower.end_at)
 
 
 async def read_range(proc: BackgroundProcess, start: int, end: int, max_chars: int):

@@ -76,7 +76,7 @@ from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExec
 
 if TYPE_CHECKING:
     from toolsd.daemon.session import Session
-    from toolsd.tools.calls import Detached
+    from toolsd.tools.calls import Answer, Detached
     from toolsd.tools.spill import Spills
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]
@@ -98,8 +98,10 @@ DRIVERS = {
 FIGURES_FOLDER = "toolsd-figures"
 
 
-async def execute(session: Session, p: ReplExecParams) -> ReplExecResult:
-    """Run `p.code` on the REPL of (session, p.turn, p.language), starting it if needed."""
+async def execute(session: Session, p: ReplExecParams,
+                  answer: Answer | None = None) -> ReplExecResult:
+    """Run `p.code` on the REPL of (session, p.turn, p.language), starting it if needed.
+    `answer`: the request's, for its output events (`p.stream`)."""
     session.check_open()
     turn = session.turn(p.turn)
     repl = turn.repl(p.language)
@@ -112,7 +114,7 @@ async def execute(session: Session, p: ReplExecParams) -> ReplExecResult:
         # Another call may have made it meanwhile: then that one is the turn's.
         repl = turn.repl_for(p.language,
                              lambda: Repl(p.language, argv, turn.id, session.spills))
-    return await repl.execute(session, p)
+    return await repl.execute(session, p, answer)
 
 
 def start_detached(session: Session, p: ReplExecParams, detached: Detached) -> bool:
@@ -181,7 +183,8 @@ class Repl:
         self._interp: Interpreter | None = None
         self._late: Ring | None = None  # output printed while no request was in flight
 
-    async def execute(self, session: Session, p: ReplExecParams) -> ReplExecResult:
+    async def execute(self, session: Session, p: ReplExecParams,
+                      answer: Answer | None = None) -> ReplExecResult:
         started = time.monotonic()
         # A free lock is taken without a trip through trio's scheduler, a sizeable part of
         # the whole driver round trip.
@@ -205,7 +208,7 @@ class Repl:
                     # The turn ended while the interpreter started: aclose did not see it.
                     await interp.kill()
                     raise self.ended()
-            run = Run(self, interp, p, fresh, started)
+            run = Run(self, interp, p, fresh, started, answer)
         except BaseException:
             self._lock.release()  # no Run took it
             raise
@@ -217,8 +220,8 @@ class Repl:
         """Send `p` to the running interpreter and return, leaving the answer to the task
         that reads its output (see start_detached); False if the REPL is not idle."""
         interp = self._interp
-        if self.closed or not self._lock.value or interp is None or interp.gone:
-            return False
+        if self.closed or not self._lock.value or interp is None or interp.gone or p.stream:
+            return False  # a streaming request emits from a task of its own
         # Made before the lock is taken (nothing runs in between): if it raises, the lock
         # stays free.
         run = Run(self, interp, p, False, time.monotonic())
@@ -240,7 +243,7 @@ class Repl:
     def _begin(self, run: Run) -> None:
         """Start sending the request to its interpreter, the lock being ours; from here the
         Run owns it, until `end_run`."""
-        run.interp.begin(run.line, run.feed)
+        run.interp.begin(run.line, run.feed, run.live and run.live.room)
 
     def end_run(self, run: Run) -> None:
         """`run` is answered (RunState.ANSWERED): the next request may have the REPL. With
@@ -261,6 +264,7 @@ class Repl:
             with trio.move_on_at(run.deadline) as deadline:
                 await interp.send_rest()
                 await interp.settled()
+            run.release()  # the interrupt and the drain read on, whatever the client does
             if deadline.cancelled_caught:
                 result = await self._interrupt(run, run.p.timeout_s)
             else:
@@ -272,6 +276,7 @@ class Repl:
                 # Cancelled: the request's answer is not wanted, but the interpreter must
                 # be back in sync (or gone), and what the request started ended, before the
                 # next request takes the lock.
+                run.release()
                 with trio.CancelScope(shield=True):
                     await self._interrupt(run, None)
 

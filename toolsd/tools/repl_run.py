@@ -28,6 +28,7 @@ import trio
 from toolsd.runtime import threads
 from toolsd.sandbox import proctree
 from toolsd.sandbox.launcher import KILL_THREADS
+from toolsd.tools.live import LiveOutput, sending
 from toolsd.tools.output import HeadTail
 from toolsd.tools.sentinel import Sentinel
 from toolsd.tools.shell import KILL_GRACE_S
@@ -35,7 +36,7 @@ from toolsd.tools.spill import tee
 from toolsd.wire.protocol import UNSET, ReplExecParams, ReplExecResult, ReplImage
 
 if TYPE_CHECKING:
-    from toolsd.tools.calls import Detached
+    from toolsd.tools.calls import Answer, Detached
     from toolsd.tools.interpreter import Interpreter
     from toolsd.tools.repl import Repl
 
@@ -59,7 +60,7 @@ class Run:
     result. It owns the lock until it is ANSWERED (see the module's docstring)."""
 
     def __init__(self, repl: Repl, interp: Interpreter, p: ReplExecParams, fresh: bool,
-                 started: float):
+                 started: float, answer: Answer | None = None):
         self.repl = repl
         self.interp = interp
         self.p = p
@@ -69,6 +70,10 @@ class Run:
         self.out = HeadTail(p.max_output_chars)
         self.spill = repl.spills.start(p.max_output_chars) if p.spill and repl.spills else None
         self.feed = self.out.feed if self.spill is None else tee(self.out.feed, self.spill.feed)
+        # Only with a task of its own (Repl.start_detached leaves a streaming request alone).
+        self.live = LiveOutput(answer.emit) if p.stream and answer is not None else None
+        if self.live is not None:
+            self.feed = tee(self.feed, self.live.feed)
         self.late_dropped = repl.take_late(self.feed)
         self.deadline = trio.current_time() + p.timeout_s
         self.state = RunState.BEGUN
@@ -128,18 +133,33 @@ class Run:
         self.detached = detached
         self._move(RunState.DETACHED)
 
+    def release(self) -> None:
+        """The interpreter's pump must read on without waiting for a streaming client."""
+        if self.live is not None:
+            self.live.release()
+
     async def finish(self) -> ReplExecResult:
         """The rest of the request, in a task."""
+        async with sending(self.live):
+            result, notice = await self._finish()
+            if self.live is not None:
+                # The rest of the stream needs the client, not the interpreter: the next
+                # request on it need not wait for a slow reader.
+                await self.live.finish(notice)
+        return result
+
+    async def _finish(self) -> tuple[ReplExecResult, str]:
         self._move(RunState.TASK)
         if self.interp.waiter is self:
             self.interp.waiter = None
         try:
-            status, state_lost, *details = await self.repl.carry_out(self)
+            status, state_lost, notice, *details = await self.repl.carry_out(self)
             if state_lost and self.repl.cut_off:
                 # Its interpreter was killed by the session's close, not by the code.
                 raise self.repl.ended()
-            return self.result(status, state_lost, *details)
+            return self.result(status, state_lost, notice, *details), notice
         finally:
+            self.release()
             self._move(RunState.ANSWERED)
             if self.spill is not None:
                 self.spill.discard()  # a no-op once its result has it

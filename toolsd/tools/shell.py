@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from toolsd.tools.live import LiveOutput, sending
 from toolsd.tools.output import HeadTail
 from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_shell
 from toolsd.tools.calls import Answer
@@ -88,9 +89,11 @@ async def run(session: Session, p: ShellRunParams, answer: Answer) -> ShellRunRe
         if cwd_fds:
             os.close(cwd_fds[1])  # the shell has the only copy: its tree's end gives EOF
     spill = session.spills.start(p.max_output_chars) if p.spill else None
+    live = LiveOutput(answer.emit) if p.stream else None
     try:
-        return await _finish(session, job, read_fd, p, shell_name, started, oom_kills,
-                             cwd_fds[0] if cwd_fds else None, spill)
+        async with sending(live):
+            return await _finish(session, job, read_fd, p, shell_name, started, oom_kills,
+                                 cwd_fds[0] if cwd_fds else None, spill, live)
     finally:
         if spill is not None:
             spill.discard()  # a no-op once its result has it
@@ -101,11 +104,15 @@ async def run(session: Session, p: ShellRunParams, answer: Answer) -> ShellRunRe
 
 async def _finish(session: Session, job: Job, read_fd: int, p: ShellRunParams, shell_name: str,
                   started: float, oom_kills: int | None, cwd_fd: int | None,
-                  spill: Spill | None) -> ShellRunResult:
+                  spill: Spill | None, live: LiveOutput | None) -> ShellRunResult:
     """Collect the output and the end of a shell.run's command, ending what it leaves.
-    `oom_kills`: the session's count before the command started (Session.memory_note)."""
+    `oom_kills`: the session's count before the command started (Session.memory_note).
+    `live`: the output's way to a streaming client, which holds the command while the
+    client is slow, up to the command's end (tools/live.py)."""
     out = HeadTail(p.max_output_chars)
     sink = out.feed if spill is None else tee(out.feed, spill.feed)
+    if live is not None:
+        sink = tee(sink, live.feed)
     cwd_report = bytearray()
     timed_out = False
     orphans = 0
@@ -116,7 +123,7 @@ async def _finish(session: Session, job: Job, read_fd: int, p: ShellRunParams, s
             async def read_all():
                 try:
                     async with trio.open_nursery() as readers:
-                        readers.start_soon(pump, read_fd, sink)
+                        readers.start_soon(pump, read_fd, sink, live and live.room)
                         if cwd_fd is not None:
                             readers.start_soon(pump, cwd_fd, _bounded(cwd_report))
                 finally:
@@ -137,6 +144,8 @@ async def _finish(session: Session, job: Job, read_fd: int, p: ShellRunParams, s
                         await job.done.wait()
                 if not job.done.is_set():
                     orphans = (await end_tree(job, 0))[0]
+            if live is not None:
+                live.release()  # the drain below is bounded in time, not by the client
             if not reader_done.is_set():
                 with trio.move_on_after(DRAIN_S):
                     await reader_done.wait()
@@ -153,7 +162,10 @@ async def _finish(session: Session, job: Job, read_fd: int, p: ShellRunParams, s
                           f"session")
     notes = (session.memory_note(oom_kills),
              git_config_notice(out.result()[0], global_config=session.home_is_own))
-    output, truncated = out.result_with("\n".join(n for n in notes if n))
+    notice = "\n".join(n for n in notes if n)
+    output, truncated = out.result_with(notice)
+    if live is not None:
+        await live.finish(notice)
     killed = timed_out or job.signal is not None
     return ShellRunResult(
         exit_code=job.exit_code,

@@ -18,7 +18,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd", "figures", "tty", "stdin")
+FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream")
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"
@@ -179,7 +179,7 @@ class ShellRunParams(Struct):
     max_output_chars: Chars = 30000
     spill: bool = False
     report_cwd: bool = False
-    stream: bool = False  # 1.1 "stream", not built (UNBUILT)
+    stream: bool = False  # 1.1 "stream": output events before the reply (wire/events.py)
 
 
 class ShellRunResult(Struct, omit_defaults=True):
@@ -205,7 +205,7 @@ class ReplExecParams(Struct):
     timeout_s: Seconds = 60.0
     max_output_chars: Chars = 30000
     spill: bool = False
-    stream: bool = False  # 1.1 "stream", not built (UNBUILT)
+    stream: bool = False  # 1.1 "stream": output events before the reply (wire/events.py)
 
 
 class ReplImage(Struct, frozen=True):
@@ -257,7 +257,7 @@ class ProcessOutputParams(Struct):
     wait_s: NonNegSeconds = 0.0
     until: str | None = None
     max_output_chars: Chars = 30000
-    stream: bool = False  # 1.1 "stream", not built (UNBUILT)
+    stream: bool = False  # 1.1 "stream": output events before the reply (wire/events.py)
     plain: bool = False  # 1.1 "tty": terminal escape sequences removed
 
 
@@ -358,12 +358,8 @@ _param_decoders: dict[type, msgspec.msgpack.Decoder] = {}
 # Params of 1.1 features not built here: field -> feature, per params Struct. Set to anything
 # but its default, such a field is refused with bad_params naming the feature, so a client
 # never takes a plain answer for the feature it asked for. A feature that gets built moves
-# from here to FEATURES.
-UNBUILT: dict[type, dict[str, str]] = {
-    ShellRunParams: {"stream": "stream"},
-    ReplExecParams: {"stream": "stream"},
-    ProcessOutputParams: {"stream": "stream"},
-}
+# from here to FEATURES. Every feature of 1.1 is built: none is left today.
+UNBUILT: dict[type, dict[str, str]] = {}
 _UNBUILT_DEFAULTS = {
     cls: [(f.name, f.default, fields[f.name]) for f in msgspec.structs.fields(cls)
           if f.name in fields]
