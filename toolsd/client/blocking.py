@@ -42,15 +42,13 @@ class Client(Methods):
         before the result is returned; if it raises, the request is cancelled."""
         request_id, frame = self._proto.request(method, params, stream=on_event is not None)
         try:
-            self._sock.sendall(frame)
+            self._io(self._sock.sendall, frame)
             while True:
                 for event in self._proto.take_events(request_id):
                     on_event(event)
                 if request_id in self._proto.replies:
                     break
-                self._proto.feed(self._sock.recv(RECV_SIZE))
-        except OSError as e:  # includes the timeout given to the constructor
-            raise ConnectionLost(f"no answer from toolsd at {self.socket_path} ({e})") from None
+                self._proto.feed(self._io(self._sock.recv, RECV_SIZE))
         except BaseException:
             cancel = self._proto.abandon(request_id)
             if cancel is not None:
@@ -60,6 +58,12 @@ class Client(Methods):
                     pass
             raise
         return self._proto.take(request_id)
+
+    def _io(self, fn, *args):
+        try:
+            return fn(*args)
+        except OSError as e:  # includes the timeout given to the constructor
+            raise ConnectionLost(f"no answer from toolsd at {self.socket_path} ({e})") from None
 
     def close(self) -> None:
         self._sock.close()
