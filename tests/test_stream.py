@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
+import subprocess
+import sys
 import uuid
 
 import psutil
@@ -307,6 +310,40 @@ def test_process_output_streams_what_comes_while_it_waits(daemon, client, sessio
     assert r["output"] == "first\nREADY\n" == "".join(events)
     assert r["status"] == "running"
     client.process_stop(bg)
+
+
+def test_exec_prints_the_output_as_it_comes(daemon):
+    name, path = go_file(daemon)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolsd", "--socket", daemon.socket, "exec", "--workspace",
+         daemon.workspace, "--", f"echo first; until [ -e {name} ]; do sleep 0.05; done; "
+                                 f"echo second; exit 3"],
+        stdout=subprocess.PIPE, env=daemon.env)
+    try:
+        # A safety net, not a timing: the command waits for the file, which comes after.
+        assert select.select([proc.stdout], [], [], 60)[0], "nothing printed while it ran"
+        assert proc.stdout.readline() == b"first\n"
+        open(path, "w").close()
+        assert proc.stdout.read() == b"second\n"
+        assert proc.wait(timeout=60) == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_exec_whose_reader_goes_away_ends_the_command(daemon, client):
+    marker = f"yes-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolsd", "--socket", daemon.socket, "exec", "--workspace",
+         daemon.workspace, "--", f"python3 -c 'while True: print(\"y\") #{marker}'"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=daemon.env)
+    assert proc.stdout.readline() == b"y\n"
+    proc.stdout.close()  # as `| head -1` does
+    assert proc.wait(timeout=60) == 141, proc.stderr.read()
+    assert proc.stderr.read() == b""
+    assert not daemon.running(marker)
+    assert client.session_list()["sessions"] == []
 
 
 async def test_a_stream_read_too_slowly_after_the_end_says_what_it_left_out():

@@ -1,4 +1,5 @@
-"""`toolsd exec -- COMMAND`: run one command in a fresh session and print its output."""
+"""`toolsd exec -- COMMAND`: run one command in a fresh session and print its output, as it
+comes where the daemon streams (protocol 1.1 "stream"), else once the command has ended."""
 
 from __future__ import annotations
 
@@ -28,15 +29,32 @@ def cmd_exec(args) -> int:
     import shlex
 
     text = command[0] if len(command) == 1 else shlex.join(command)
+    printed = [""]  # the last text printed live
+
+    def print_live(event) -> None:
+        # Flushed at once: a person watches it. A slow terminal holds the command.
+        sys.stdout.write(event.data)
+        sys.stdout.flush()
+        printed[0] = event.data
+
     with connect(args) as c:
+        live = "stream" in c.hello().get("features", [])
         session = c.session_open(os.path.abspath(args.workspace), network=args.network,
                                  writable=not args.read_only)["session"]
         try:
-            result = c.shell_run(session, text, timeout_s=args.timeout)
+            result = c.shell_run(session, text, timeout_s=args.timeout,
+                                 on_event=print_live if live else None)
+        except BrokenPipeError:
+            # Whoever read our output stopped (`| head`): the command was cancelled.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
         finally:
             c.session_close(session)
-    sys.stdout.write(result["output"])
-    if result["output"] and not result["output"].endswith("\n"):
+    # Streamed, the output ended with the same notices as `output` (tools/live.py).
+    shown = printed[0] if live else result["output"]
+    if not live:
+        sys.stdout.write(shown)
+    if shown and not shown.endswith("\n"):
         sys.stdout.write("\n")
     if result["timed_out"]:
         print(f"toolsd exec: timed out after {args.timeout} s", file=sys.stderr)
