@@ -331,6 +331,7 @@ SECTIONS = {
     "hello": bench_hello,
     "shell": bench_shell,
     "spill-cwd": bench_spill_cwd,
+    "stream": section("bench_stream", "bench_stream"),
     "repl": section("bench_repl", "bench_repl"),
     "load-once": section("bench_repl", "bench_load_once"),
     "processes": section("bench_processes", "bench_processes"),
