@@ -224,6 +224,8 @@ class Run:
                             # What comes between turns too (at exit: what the session left
                             # that git would run).
                             self.agent.on_event = term.event
+                            if "stream" in self.agent.backend.features:
+                                self.agent.backend.keeper.watch = term.output
                             self.move(Phase.PROMPT)
                             code = await self._turns(reader)
                 finally:

@@ -77,6 +77,9 @@ class Keeper:
         # "host_exec" (fields: added, session) or "session_replaced" (lost, session, reason,
         # stale).
         self.report: Callable[[str, dict], None] | None = None
+        # A person watching (`toolsd agent` on a terminal, where the daemon streams):
+        # watch(event) with a shell run's output as it comes. The result is the same.
+        self.watch: Callable[[Any], None] | None = None
         # Called as a session is replaced: the owner forgets what lived in it and returns
         # the ids of its background processes (gone with it).
         self.on_replaced: Callable[[], list[str]] = list
@@ -107,6 +110,8 @@ class Keeper:
         """One request on the session (a client method by name); its `host_exec` is read. A
         session found gone raises Gone (but once the keeper is closing: it is meant to go)."""
         sent_on = self.id
+        if method == "shell_run" and self.watch is not None:
+            params["on_event"] = self.watch
         try:
             r = await getattr(self.client, method)(*args, **params)
         except ToolsdError as e:

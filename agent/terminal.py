@@ -33,6 +33,9 @@ from agent.screen import (
 __all__ = ["Terminal"]
 
 SPINNER_TICK_S = 0.1
+# Of a running command's output, shown as it comes, at most this much per tool call: the rest
+# is taken from the daemon and not written, so a flood never waits on the terminal.
+LIVE_OUTPUT_CHARS = 16_000
 
 
 class Terminal:
@@ -51,6 +54,8 @@ class Terminal:
         self.glyphs = glyphs_for(self.err.encoding)
         self._encode = msgspec.json.Encoder().encode
         self._text_open = False  # the model's text so far does not end with a newline
+        self._output_open = False  # likewise, a running command's output (see output)
+        self._output_shown = 0  # of the tool call running
         self._spinner = None  # the CancelScope of the running spinner
         self.on_gone = on_gone  # called once if stdout or stderr is closed under us
         self._gone = False
@@ -85,10 +90,30 @@ class Terminal:
             os.close(null)
             self.on_gone()
 
+    def output(self, event) -> None:
+        """A running command's output as it comes (a client's Event), on a terminal only,
+        below its call line: at most LIVE_OUTPUT_CHARS of it per call (its result line still
+        comes after)."""
+        chunk = event.data
+        room = LIVE_OUTPUT_CHARS - self._output_shown
+        if not self.live or room <= 0 or not chunk:
+            return
+        self._stop_spinner()
+        self._end_text()
+        part = chunk[:room]
+        self._output_shown += len(part)
+        if len(chunk) > room:
+            part += ("" if part.endswith("\n") else "\n") + "  (more output, not shown here)\n"
+        self._write(self.err, printable(part))
+        self._output_open = not part.endswith("\n")
+
     def _end_text(self) -> None:
         if self._text_open:
             self._write(self.out, "\n")
             self._text_open = False
+        if self._output_open:
+            self._write(self.err, "\n")
+            self._output_open = False
 
     def say(self, line: str) -> None:
         """A line on stderr, below whatever the model wrote, the spinner cleared. Printable:
@@ -103,6 +128,7 @@ class Terminal:
             return
         kind, width, g = event["type"], self.width(), self.glyphs
         if kind == "tool_call":
+            self._output_shown = 0
             self.say(call_line(event, width, g))
             self._start_spinner(event["name"])
         elif kind == "tool_result":

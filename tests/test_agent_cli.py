@@ -276,6 +276,26 @@ def test_a_spinner_counts_the_time_while_a_tool_runs(server, place, module_daemo
     assert child.exitstatus == 0
 
 
+def test_a_running_commands_output_shows_as_it_comes(server, place, module_daemon):
+    go = os.path.join(place.workspace, "go")
+    server.push(openai_stream(calls=[Call("run_terminal", {
+        "command": "printf 'live %s\\n' out; until [ -e go ]; do sleep 0.05; done; echo went"})]),
+        openai_stream(text="ok"))
+    child = spawn(argv(server, place, "--mode", "auto", "wait for go",
+                       socket=module_daemon.socket), place)
+    child.expect_exact("● run_terminal: printf")
+    # The command waits for the file: its first line can only be here as it runs.
+    child.expect_exact("live out")
+    with open(go, "w"):
+        pass
+    child.expect_exact("went")
+    child.expect_exact("⎿ live out (+1 line)  [exit code 0]")
+    child.expect_exact("[completed] 2 steps, 1 tool call")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 def test_ctrl_c_mid_tool_interrupts_and_leaves_no_process(server, place):
     server.push(openai_stream(calls=[Call("run_terminal", {"command": "sleep 4343"})]))
     child = spawn(argv(server, place, "--mode", "auto", "wait a while"), place)
