@@ -74,6 +74,11 @@ def test_repl_output_cut_is_kept_whole_too(client, session):
     client.turn_end(session, turn)
 
 
+# The spill files' names. A checkout under /tmp is in the sandbox's /tmp too (the driver's
+# folder is reached through it), so other entries may be there.
+SPILLED = "toolsd-output-"
+
+
 def test_output_that_fits_leaves_no_file(client, session):
     r = client.shell_run(session, "seq 1 1000", spill=True)
     assert not r["truncated"] and "output_file" not in r
@@ -81,7 +86,7 @@ def test_output_that_fits_leaves_no_file(client, session):
     r = client.shell_run(session, "python3 -c 'print(\"é\" * 300)'", max_output_chars=301,
                          spill=True)
     assert not r["truncated"] and "output_file" not in r
-    assert client.shell_run(session, "ls -A /tmp")["output"] == ""
+    assert client.shell_run(session, f"ls -A /tmp | grep {SPILLED}")["output"] == ""
     # Without `spill`, a cut output names no file either.
     r = client.shell_run(session, "seq 1 100000", max_output_chars=100)
     assert r["truncated"] and "output_file" not in r
@@ -108,11 +113,12 @@ def test_spill_files_of_a_session_are_bounded_in_number_and_size(client, workspa
         for _ in range(MAX_FILES + 20):
             r = client.shell_run(s, "echo spilled", max_output_chars=0, spill=True)
             assert r["output_file"]
-        listed = client.shell_run(s, "ls /tmp | wc -l")["output"]
+        listed = client.shell_run(s, f"ls /tmp | grep -c {SPILLED}")["output"]
         assert int(listed) == MAX_FILES
         # A big one pushes out the others: together they stay within the file size limit.
         r = client.shell_run(s, "head -c 1048576 /dev/zero", max_output_chars=10, spill=True)
-        left = client.shell_run(s, "ls /tmp; du -cb /tmp/* | tail -1")["output"].split()
+        left = client.shell_run(s, f"ls /tmp | grep {SPILLED}; du -cb /tmp/{SPILLED}* | tail -1"
+                                )["output"].split()
         assert left[0] == os.path.basename(r["output_file"])
         assert int(left[-2]) <= 1 << 20
     finally:
