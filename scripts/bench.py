@@ -335,6 +335,7 @@ SECTIONS = {
     "repl": section("bench_repl", "bench_repl"),
     "load-once": section("bench_repl", "bench_load_once"),
     "processes": section("bench_processes", "bench_processes"),
+    "waiting": section("bench_waiting", "bench_waiting"),
     "launcher": section("bench_launcher", "bench_launcher"),
     "image": section("bench_image", "bench_image"),
     "load": section("bench_load", "bench_load", "sessions", "clients"),

@@ -11,9 +11,12 @@ from toolsd.tools.waiting import (
     ProcessView,
     blocked_call,
     epoll_read_fds,
+    group_of,
     is_waiting,
+    last_pid,
     poll_read_fds,
     select_read_fds,
+    waits_alone,
 )
 
 X86 = "x86_64"
@@ -106,3 +109,20 @@ def test_plain_is_linear_on_hostile_input():
     # Thousands of unterminated sequences in a row: each ends at the next ESC.
     assert strip_escapes("\x1b]" * 100_000 + "end") == ""
     assert strip_escapes("\x1b[" * 100_000 + "m") == ""
+
+
+def test_the_group_and_the_last_pid_are_read_from_kernel_texts():
+    assert group_of(RUNNING_STAT) == 776
+    assert group_of("garbage") is None
+    assert last_pid("0.52 0.58 0.59 2/612 48213\n") == "48213"
+    assert last_pid("") == ""
+
+
+def test_one_reader_alone_shows_the_wait_only_when_no_other_has_a_write_to_see():
+    assert waits_alone(view(pid=7), X86)
+    assert not waits_alone(view(pid=7, stat=RUNNING_STAT), X86)
+    # Its own write seen (the count moved on): waiting, as over every view.
+    assert waits_alone(view(pid=7, switches=11), X86, before_write={7: 10})
+    assert not waits_alone(view(pid=7, switches=10), X86, before_write={7: 10})
+    # Another process has not been looked at: the whole group decides.
+    assert not waits_alone(view(pid=7, switches=11), X86, before_write={7: 10, 8: 3})

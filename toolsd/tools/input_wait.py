@@ -10,8 +10,10 @@ of the tree that holds the pipe's read end.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import struct
+from typing import NamedTuple
 
 import trio
 
@@ -22,9 +24,12 @@ from toolsd.tools.waiting import (
     ProcessView,
     blocked_call,
     epoll_read_fds,
+    group_of,
     is_waiting,
+    last_pid,
     poll_read_fds,
     select_read_fds,
+    waits_alone,
 )
 
 MACHINE = os.uname().machine
@@ -33,6 +38,22 @@ LOOK_THREADS = 2
 # The number of a pty master's terminal: _IOR('T', 0x30, unsigned int), which Python's
 # termios does not name; the same on x86_64 and aarch64.
 TIOCGPTN = 0x80045430
+
+
+class Tree(NamedTuple):
+    """The pids below a shim, found when the machine's last pid was `mark`."""
+
+    mark: str
+    pids: tuple[int, ...]
+
+
+class Look(NamedTuple):
+    """What one look found: the views, whether they are every process that could read the
+    input (False: only the first one, which was enough), and the tree it used."""
+
+    views: list[ProcessView]
+    complete: bool
+    tree: Tree | None
 
 
 async def waiting(proc) -> bool:
@@ -46,8 +67,15 @@ async def waiting(proc) -> bool:
     with proc.job.holding_tree() as shim_pid:
         if shim_pid is None:
             return False
-        views = await trio.to_thread.run_sync(_look, shim_pid, source.fd, source.terminal,
-                                              limiter=threads.limiter("input", LOOK_THREADS))
+        look = await trio.to_thread.run_sync(
+            functools.partial(_look, shim_pid, source.fd, source.terminal, first=proc.job.pid,
+                              before_write=source.before_write, tree=source.tree),
+            limiter=threads.limiter("input", LOOK_THREADS))
+    source.tree = look.tree or source.tree
+    if not look.complete:
+        source.before_write = None  # the first process saw every write (waits_alone)
+        return True
+    views = look.views
     if source.before_write and not any(source.before_write.get(v.pid) == v.switches
                                        for v in views):
         source.before_write = None  # every reader has run since: the write reached them
@@ -59,38 +87,70 @@ async def switches_now(proc) -> dict[int, int]:
     with proc.job.holding_tree() as shim_pid:
         if shim_pid is None or not proc.input.open:
             return {}
-        views = await trio.to_thread.run_sync(_look, shim_pid, proc.input.fd,
-                                              proc.input.terminal, False,
-                                              limiter=threads.limiter("input", LOOK_THREADS))
-    return {v.pid: v.switches for v in views}
+        look = await trio.to_thread.run_sync(
+            functools.partial(_look, shim_pid, proc.input.fd, proc.input.terminal, False,
+                              tree=proc.input.tree),
+            limiter=threads.limiter("input", LOOK_THREADS))
+    proc.input.tree = look.tree or proc.input.tree
+    return {v.pid: v.switches for v in look.views}
 
 
-def _look(shim_pid: int, fd: int, terminal: bool, full: bool = True) -> list[ProcessView]:
-    """Views of the processes below `shim_pid` that could read the input `fd` (our end)."""
-    pids = [p.pid for p in proctree.descendants(shim_pid)]
+def _look(shim_pid: int, fd: int, terminal: bool, full: bool = True, *, first: int = -1,
+          before_write: dict[int, int] | None = None, tree: Tree | None = None) -> Look:
+    """Views of the processes below `shim_pid` that could read the input `fd` (our end).
+    With `first` (the command's pid; on a terminal its foreground group's leader is taken
+    instead) and `full`: that process alone first, and no walk of the tree when it shows the
+    wait by itself (waiting.waits_alone). `tree`: the last look's, reused while no process
+    was made since."""
     try:
         if terminal:
             group = os.tcgetpgrp(fd)
             number = struct.unpack("I", fcntl.ioctl(fd, TIOCGPTN, b"\0" * 4))[0]
             device = os.makedev(136 + number // 256, number % 256)  # UNIX98 pty slaves
-            pids = [pid for pid in pids if _pgid(pid) == group]
 
             def is_input(pid: int, link: str, n: int) -> bool:
                 return os.stat(f"/proc/{pid}/fd/{n}").st_rdev == device
+            # Only the foreground group may read a terminal: its leader, if still there, is
+            # the one a prompt is usually in.
+            first = group
         else:
+            group = None
             link_text = f"pipe:[{os.fstat(fd).st_ino}]"
 
             def is_input(pid: int, link: str, n: int) -> bool:
                 return link == link_text
     except OSError:
-        return []
+        return Look([], True, None)
+    if full and first > 0:
+        try:
+            view = _view(first, is_input, True)
+        except OSError:
+            view = None  # gone: look at the tree
+        if (view is not None and (group is None or group_of(view.stat) == group)
+                and waits_alone(view, MACHINE, before_write)):
+            return Look([view], False, None)
+    tree = _tree(shim_pid, tree)
+    pids = tree.pids
+    if terminal:
+        pids = [pid for pid in pids if _pgid(pid) == group]
     views = []
     for pid in pids:
         try:
             views.append(_view(pid, is_input, full))
         except OSError:
             continue  # gone while we looked
-    return views
+    return Look(views, True, tree)
+
+
+def _tree(shim_pid: int, known: Tree | None) -> Tree:
+    """The pids below `shim_pid`: `known`'s while no process was made on the machine since
+    it was found (one that left is skipped when read; a pid taken again is a process made),
+    else from a walk of /proc. The mark is read before the walk, so that a process made
+    during it makes the next look walk again."""
+    mark = last_pid(_read("/proc/loadavg"))
+    if known is not None and mark and known.mark == mark:
+        return known
+    return Tree(mark, tuple(p.pid for p in proctree.descendants(shim_pid)))
 
 
 def _view(pid: int, is_input, full: bool) -> ProcessView:

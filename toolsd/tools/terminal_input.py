@@ -31,6 +31,9 @@ class ProcessInput:
         # Context switches of the terminal's foreground processes just before the last write
         # that should wake one of them (see waiting.is_waiting).
         self.before_write: dict[int, int] | None = None
+        # The pids below the command's shim and the machine's last pid when they were found
+        # (input_wait.Tree): the same tree while no process has been made since.
+        self.tree = None
         os.set_blocking(fd, False)
 
     @classmethod

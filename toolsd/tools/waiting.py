@@ -70,6 +70,23 @@ def state_of(stat: str) -> str:
     return rest.split(None, 1)[0] if head and rest.strip() else ""
 
 
+def group_of(stat: str) -> int | None:
+    """The process group of a /proc/PID/stat text (None if unreadable)."""
+    head, _, rest = stat.rpartition(")")
+    fields = rest.split(None, 3)
+    try:
+        return int(fields[2]) if head else None
+    except (IndexError, ValueError):
+        return None
+
+
+def last_pid(loadavg: str) -> str:
+    """The last pid the kernel handed out, from a /proc/loadavg text: it moves on every
+    process or thread made anywhere, so an unchanged one means no process is new since."""
+    fields = loadavg.split()
+    return fields[4] if len(fields) == 5 else ""
+
+
 def blocked_call(syscall: str, machine: str) -> Wait | None:
     """What a /proc/PID/syscall text says the process waits in, if it is a read or a wait to
     read; None for anything else ("running", another call, an unknown machine)."""
@@ -149,3 +166,14 @@ def is_waiting(views: list[ProcessView], machine: str, *, pending: int = 0,
     if before_write and any(before_write.get(v.pid) == v.switches for v in readers):
         return False
     return True
+
+
+def waits_alone(view: ProcessView, machine: str,
+                before_write: dict[int, int] | None = None) -> bool:
+    """Whether this one process shows the wait whatever the others that could read the input
+    do: is_waiting over any views that hold this one then says true too. It must read its
+    input, and a write still on its way may only be this process's to see (a write another
+    process has not seen yet is decided over all of them)."""
+    if before_write and set(before_write) - {view.pid}:
+        return False
+    return is_waiting([view], machine, before_write=before_write)
