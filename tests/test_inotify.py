@@ -87,3 +87,27 @@ def test_a_full_inbox_makes_its_tracker_walk_again_and_holds_no_more(two, instan
     t1.update()  # reads the queue: the other tracker's events go to its inbox
     assert instance.queued(t2) <= inotify.INBOX_EVENTS + 1
     assert t2.update() == (f"{other}/5/r/.git/hooks/pre-push",)
+
+
+def test_other_sessions_traffic_leaves_a_baseline_standing_and_own_changes_do_not(
+        daemon_root, instance):
+    """A warm spare handed out: a session that closed (its watches' IN_IGNORED answers) and
+    another's files are not the spare's changes; its own workspace's are."""
+    ws = [os.path.join(daemon_root, name) for name in ("spare", "other", "closed")]
+    for w in ws:
+        os.makedirs(w)
+    spare, other, closed = (Tracker(w, instance) for w in ws)
+    for t in (spare, other, closed):
+        t.start()
+    closed.close()
+    assert instance.pending() == 0  # read by the closing tracker, not left for the others
+    assert not spare.changed()
+    os.mkdir(os.path.join(ws[1], "d"))
+    assert spare.changed() and spare.baseline_holds()
+    git("init", "-q", os.path.join(ws[0], "r"))
+    assert not spare.baseline_holds()
+    spare.rebaseline()
+    assert spare.update() == ()
+    for t in (spare, other):
+        t.close()
+    assert instance.watches() == 0

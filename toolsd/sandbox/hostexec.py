@@ -120,6 +120,23 @@ class Tracker:
                 self._settle()
             self.rebaseline_locked()
 
+    def baseline_holds(self) -> bool:
+        """Whether the baseline is as `rebaseline` would take it, found without a worker
+        thread: the shared queue read (as update_now does) and none of its events this
+        session's. The shared queue is seldom empty when a spare is handed out: the session
+        closed before it removed its watches, and their IN_IGNORED answers are queued. False
+        when something must be looked at, or the queue could not be read now: then run
+        `rebaseline`."""
+        if not self._lock.acquire(blocking=False):
+            return False  # an update is running in a thread
+        try:
+            if not self._watching:
+                return True  # as changed(): no watches, nothing to take in
+            return (self._inotify.pump(limit=_READ_NOW, wait=False)
+                    and self._inotify.queued(self) == 0 and not self._unsettled())
+        finally:
+            self._lock.release()
+
     def rebaseline_locked(self) -> None:
         self._baseline = {}
         for repo in self._repos.values():

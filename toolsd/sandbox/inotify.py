@@ -112,21 +112,29 @@ class Inotify:
 
     def leave(self, who: object, wds) -> None:
         """`who` is done: its watches `wds` are released, its inbox dropped."""
+        removed = False
         for wd in wds:
             with self.lock:  # a lock per watch: a big workspace must not stall the others
-                self._unsubscribe_locked(who, wd)
+                removed |= self._unsubscribe_locked(who, wd)
         with self.lock:
             self._inboxes.pop(who, None)
             self._lost.discard(who)
+        if removed:
+            # The kernel's IN_IGNORED answers are queued by now: read them here (a worker
+            # thread of the closing session) rather than leave the queue looking busy to
+            # every other session's next look, and a warm spare's hand-out.
+            self.pump()
 
-    def _unsubscribe_locked(self, who: object, wd: int) -> None:
+    def _unsubscribe_locked(self, who: object, wd: int) -> bool:
+        """Whether the kernel's watch was removed (its IN_IGNORED is queued)."""
         subs = self._subscribers.get(wd)
         if subs is None or subs.pop(who, None) is None or subs:
-            return  # not its (any more), or others still listen
+            return False  # not its (any more), or others still listen
         del self._subscribers[wd]
         if _c().inotify_rm_watch(self._fd, wd) == 0:
             self._retired[wd] = self._retired.get(wd, 0) + 1
-        # else the kernel ended it already: its IN_IGNORED, queued, finds no subscriber
+            return True
+        return False  # the kernel ended it already: its IN_IGNORED, queued, finds no subscriber
 
     def watches(self) -> int:
         """Kernel watches held."""

@@ -40,7 +40,8 @@ class RepositoryWatch:
         """What the workspace holds now is what the session found (a sandbox made ahead,
         handed to a session: what changed meanwhile is not this session's doing)."""
         tracker = self.tracker
-        if tracker is not None and tracker.changed():  # else the baseline is as it was
+        # Else the baseline is as it was.
+        if tracker is not None and tracker.changed() and not tracker.baseline_holds():
             async with self._lock:
                 await trio.to_thread.run_sync(tracker.rebaseline)
 
