@@ -14,12 +14,12 @@ No I/O here: the connection starts the tasks and writes the answers (`start_task
 
 from __future__ import annotations
 
-import enum
 import logging
 from typing import Awaitable, Callable
 
 import trio
 
+from toolsd.runtime.states import States
 from toolsd.wire.protocol import Request
 
 __all__ = ["Entry", "RequestTable", "State"]
@@ -27,7 +27,7 @@ __all__ = ["Entry", "RequestTable", "State"]
 log = logging.getLogger("toolsd.server")
 
 
-class State(enum.Enum):
+class State(States):
     TASK = "task"
     DETACHED = "detached"
     WRITING = "writing"

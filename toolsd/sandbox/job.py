@@ -4,7 +4,6 @@ shim."""
 from __future__ import annotations
 
 import contextlib
-import enum
 import os
 import time
 from collections.abc import Iterator
@@ -13,10 +12,11 @@ from typing import NamedTuple
 import psutil
 import trio
 
+from toolsd.runtime.states import States
 from toolsd.sandbox.errors import LauncherDied
 
 
-class JobState(enum.Enum):
+class JobState(States):
     """Where a job is, as the launcher's messages (or its death) tell.
 
         SPAWNING -> RUNNING | FAILED | DONE | LOST

@@ -14,7 +14,6 @@ removes the log file.
 
 from __future__ import annotations
 
-import enum
 import errno
 import logging
 import os
@@ -24,6 +23,7 @@ import psutil
 import trio
 
 from toolsd.runtime import threads
+from toolsd.runtime.states import States
 from toolsd.sandbox import proctree
 from toolsd.sandbox.jobs import end_tree, pump, signal_name
 from toolsd.tools.capped_log import CappedLog
@@ -52,7 +52,7 @@ EXIT_DRAIN_S = 0.1
 COMMAND_SHOWN_CHARS = 4096
 
 
-class ProcessState(enum.Enum):
+class ProcessState(States):
     """Where a background process is in its life, as its task (`watch`) sees it.
 
         RUNNING -> EXITED -> FINISHED -> RETIRED -> FORGOTTEN

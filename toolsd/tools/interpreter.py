@@ -3,7 +3,6 @@ its pump and watch tasks, interrupts, and its end."""
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
 import os
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from toolsd.runtime.states import States
 from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_with_pipe
 from toolsd.tools.sentinel import Sentinel, SentinelScanner
 
@@ -30,7 +30,7 @@ DRAIN_S = 0.5
 WAKE_SIGNAL = signal.SIGURG
 
 
-class Sending(enum.Enum):
+class Sending(States):
     """How much of the request in flight the command pipe has taken. Only ALL numbers the
     request: the driver counts the lines it received.
 
@@ -52,7 +52,7 @@ _SENDING_MOVES = {
 }
 
 
-class Life(enum.Enum):
+class Life(States):
     """Whether the interpreter can still answer: anything but RUNNING makes it `gone`, and so
     does its exit, read from its Job (not copied here: that would wait for the watch task).
 

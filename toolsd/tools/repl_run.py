@@ -18,7 +18,6 @@ docs/sequences.md draws every way out of DETACHED.
 
 from __future__ import annotations
 
-import enum
 import time
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ import msgspec
 import trio
 
 from toolsd.runtime import threads
+from toolsd.runtime.states import States
 from toolsd.sandbox import proctree
 from toolsd.sandbox.launcher import KILL_THREADS
 from toolsd.tools.live import LiveOutput, sending
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from toolsd.tools.interpreter import Interpreter
     from toolsd.tools.repl import Repl
 
-class RunState(enum.Enum):
+class RunState(States):
     BEGUN = "begun"
     DETACHED = "detached"
     TASK = "task"
