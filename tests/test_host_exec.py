@@ -7,30 +7,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
-from conftest import module_daemon, needs_bwrap, wait_for
+from conftest import needs_bwrap, wait_for
 
-pytestmark = needs_bwrap
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from module_daemon()
-
-
-@pytest.fixture(scope="module")
-def client(daemon):
-    with daemon.client() as c:
-        yield c
+# One daemon for the module; each test its own workspace (its repositories stay out of the
+# next test's).
+pytestmark = [needs_bwrap, pytest.mark.shared_daemon]
 
 
 @pytest.fixture
 def workspace(daemon):
-    """A fresh workspace for each test (one test's repositories stay out of the next)."""
-    return tempfile.mkdtemp(dir=daemon.root, prefix="ws-")
+    return daemon.workspace
 
 
 def test_git_init_then_a_hook_and_fsmonitor_are_reported_by_that_very_call(client, workspace):

@@ -9,15 +9,17 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import zlib
 
 import psutil
 import pytest
 from PIL import Image
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir, module_daemon as shared_daemon
+from conftest import RunningDaemon, needs_bwrap, short_tempdir
 from toolsd.client import ToolsdError
+
+# One daemon for the module; each test its own workspace and session.
+pytestmark = pytest.mark.shared_daemon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,22 +58,9 @@ def error_of(call) -> ToolsdError:
     return e.value
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    """One daemon for the module (starting and stopping one costs seconds); each test gets
-    its own workspace and session. At the end nothing it started may be left."""
-    yield from shared_daemon()
-
-
-@pytest.fixture(scope="module")
-def client(daemon):
-    with daemon.client() as c:
-        yield c
-
-
 @pytest.fixture
 def workspace(daemon):
-    return tempfile.mkdtemp(dir=daemon.root, prefix="ws-")
+    return daemon.workspace
 
 
 @pytest.fixture

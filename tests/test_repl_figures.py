@@ -10,16 +10,15 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 from PIL import Image
 
-from conftest import module_daemon as shared_daemon, needs_bwrap
+from conftest import needs_bwrap
 from toolsd.tools.repl_run import _images
 from toolsd.tools.sentinel import Sentinel
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.shared_daemon]
 
 HAVE_MATPLOTLIB = subprocess.run([sys.executable, "-c", "import matplotlib"],
                                  capture_output=True).returncode == 0
@@ -34,22 +33,9 @@ WITH_PACKAGES = {"PATH": os.path.dirname(sys.executable) + ":" + os.environ["PAT
                  "MPLCONFIGDIR": "/tmp/matplotlib"}
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    yield from shared_daemon()
-
-
-@pytest.fixture(scope="module")
-def client(daemon):
-    with daemon.client() as c:
-        yield c
-
-
 @pytest.fixture
 def workspace(daemon):
-    path = tempfile.mkdtemp(dir=daemon.root, prefix="ws-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    return daemon.workspace
 
 
 def open_turn(client, workspace, env):
