@@ -8,22 +8,28 @@ import sys
 from agent import cli as agent_cli, mcp_server
 from toolsd.cli import (
     attach,
+    close_session,
     doctor,
     exec as exec_,
     image,
     kill,
     logs,
+    open_session,
     ps,
     repl,
     serve,
+    start,
     status,
 )
+from toolsd.cli.common import CommandFailed
+from toolsd.cli.help import ToolsdParser
+from toolsd.cli.messages import for_person
 from toolsd.client import ToolsdError
 
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
-COMMANDS = (serve, status, doctor, exec_, image, ps, logs, attach, kill, repl, agent_cli,
-            mcp_server)
+COMMANDS = (serve, status, doctor, open_session, exec_, start, close_session, image, ps, logs,
+            attach, kill, repl, agent_cli, mcp_server)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args) or 0
+    except CommandFailed as e:
+        print(f"toolsd {e.command}: {e.message}", file=sys.stderr)
+        return e.code
     except ToolsdError as e:
-        print(f"toolsd: {e.code}: {e.message}", file=sys.stderr)
+        print(f"toolsd: {for_person(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -48,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "$XDG_RUNTIME_DIR/toolsd/toolsd.sock, /tmp/toolsd-$UID/toolsd.sock)")
     parser = argparse.ArgumentParser(prog="toolsd", parents=[common],
                                      description="Sandboxed tool execution for AI agents.")
-    sub = parser.add_subparsers(metavar="COMMAND")
+    sub = parser.add_subparsers(metavar="COMMAND", parser_class=ToolsdParser)
     for command in COMMANDS:
         command.add_parser(sub, common)
     return parser

@@ -1,0 +1,23 @@
+"""The daemon's error messages as a person at the CLI should read them.
+
+The daemon writes for any client, naming its methods ("process.list shows the known ones");
+at the command line the same advice is a command to type."""
+
+from __future__ import annotations
+
+from toolsd.wire.protocol import ToolsdError
+
+# A method named in a daemon's message -> what a person types for it.
+COMMAND_FOR = {
+    "process.list": "`toolsd ps`",
+    "session.list": "`toolsd status`",
+    "session.open": "`toolsd open`",
+}
+
+
+def for_person(error: ToolsdError) -> str:
+    """`code: message`, the methods in the message named by their commands."""
+    message = error.message
+    for method, command in COMMAND_FOR.items():
+        message = message.replace(method, command)
+    return f"{error.code}: {message}"
