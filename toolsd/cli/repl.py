@@ -15,23 +15,31 @@ import codeop
 import os
 import sys
 
-from toolsd.cli.common import socket_of
-from toolsd.client import Client, ToolsdError
+from toolsd.cli.common import CommandFailed, connect, daemon_socket, socket_of
+from toolsd.cli.open_session import add_session_options, open_options, refuse_with_session
+from toolsd.cli.repl_output import ReplOutput
+from toolsd.client import ConnectionLost, ToolsdError
 
 PROMPTS = {"python": (">>> ", "... "), "node": ("> ", "... ")}
 
 
 def add_parser(sub, common) -> None:
     p = sub.add_parser("repl", parents=[common],
-                       help="an interactive REPL in a fresh sandboxed session")
-    p.add_argument("--workspace", default=os.getcwd(),
-                   help="folder the session works in (default: the current one)")
-    p.add_argument("--language", choices=["python", "node"], default="python")
-    p.add_argument("--network", choices=["none", "host"], default="none")
-    p.add_argument("--read-only", action="store_true",
-                   help="mount the workspace read-only: every write fails")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds one input may run before it is interrupted (default 600)")
+                       help="an interactive REPL in a fresh sandboxed session (or a kept one)")
+    p.add_argument("--session", metavar="ID",
+                   help="work in this session, kept open by `toolsd open`; Ctrl-D then ends "
+                        "the REPL and keeps the session (default: a fresh session, closed "
+                        "at the end)")
+    add_session_options(p)
+    p.add_argument("--language", choices=["python", "node"], default="python",
+                   help="the REPL's language")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="seconds one input may run before it is interrupted")
+    p.add_argument("--figures", metavar="DIR",
+                   help="save the figures inputs make (matplotlib, images) to DIR and print "
+                        "their paths; whole outputs too long to show go there as well "
+                        "(default: figures stay in the session, whole outputs go to a new "
+                        "folder under $TMPDIR)")
     p.set_defaults(func=cmd_repl)
 
 
@@ -93,51 +101,111 @@ def read_input(language: str) -> str | None:
             return source
 
 
-def show(result: dict) -> None:
-    output = result["output"]
-    sys.stdout.write(output)
-    if output and not output.endswith("\n"):
-        sys.stdout.write("\n")
-    sys.stdout.flush()
-
-
 def cmd_repl(args: argparse.Namespace) -> int:
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
-    path = socket_of(args)
-    client = Client(path)
-    session = client.session_open(os.path.abspath(args.workspace), network=args.network,
-                                  writable=not args.read_only)["session"]
-    try:
-        turn = client.turn_begin(session)["turn"]
+    if args.figures is not None:
+        args.figures = os.path.abspath(args.figures)
+        if not os.path.isdir(args.figures):
+            raise CommandFailed("repl", f"--figures {args.figures}: no such folder; make it "
+                                        f"first (mkdir -p)", 2)
+    if args.session:
+        refuse_with_session(args, "repl")
+        return ReplSession(args, socket_of(args)).run()
+    options = open_options(args, "repl")
+    with daemon_socket(args, "repl") as path:
+        return ReplSession(args, path, options).run()
+
+
+class ReplSession:
+    """One `toolsd repl` run: its session (opened here unless --session named one, then only
+    a turn of it), its client, its prompt loop.
+
+    Resource handling: the run owns its Client (replaced after a Ctrl-C that interrupted an
+    input) and its turn; at the end it closes the session it opened, or ends the turn of a
+    kept one (its REPL goes, the session stays). After the daemon is gone there is nothing
+    to close: the run says the session is lost and exits 1."""
+
+    def __init__(self, args, path: str, open_params: dict | None = None):
+        self.args = args
+        self.path = path
+        self.open_params = open_params  # None: args.session is kept by `toolsd open`
+        self.client = None
+        self.session = args.session
+        self.turn = None
+        self.lost = False  # the daemon, or the session, is gone: nothing to end
+        self.output = ReplOutput(args.figures)
+
+    def run(self) -> int:
+        try:
+            self.client = connect(self.args, self.path)
+            features = self.client.hello("toolsd-cli").get("features", [])
+            if self.open_params is not None:
+                params = dict(self.open_params)
+                self.session = self.client.session_open(params.pop("workspace"),
+                                                        **params)["session"]
+            self.turn = self.client.turn_begin(self.session)["turn"]
+            return self._loop(live="stream" in features, spill="spill" in features)
+        except ConnectionLost as e:
+            self.lost = True
+            print(f"toolsd repl: the daemon is gone ({e.message}); session {self.session} is "
+                  f"lost, and with it the REPL's state", file=sys.stderr)
+            return 1
+        finally:
+            self._end()
+
+    def _loop(self, live: bool, spill: bool) -> int:
+        args = self.args
         if sys.stdin.isatty():
-            print(f"toolsd repl: {args.language} in session {session} "
-                  f"(workspace {os.path.abspath(args.workspace)}); Ctrl-D to quit")
+            kept = " (kept: Ctrl-D leaves it open)" if self.open_params is None else ""
+            print(f"toolsd repl: {args.language} in session {self.session}{kept}; Ctrl-D to "
+                  f"quit")
+        extra = {"spill": True} if spill else {}
         while True:
             source = read_input(args.language)
             if source is None:
                 return 0
             try:
-                result = client.repl_exec(session, turn, source, language=args.language,
-                                          timeout_s=args.timeout)
+                result = self.client.repl_exec(
+                    self.session, self.turn, source, language=args.language,
+                    timeout_s=args.timeout, on_event=self.output.on_event if live else None,
+                    **extra)
             except KeyboardInterrupt:
                 # The blocking client cannot take another request while one is in flight:
                 # drop the connection (the daemon cancels the request, which interrupts the
                 # code and keeps the REPL's state) and carry on with a new one.
-                client.close()
-                client = Client(path)
+                self.client.close()
+                self.client = connect(args, self.path)
                 print("\nKeyboardInterrupt")
                 continue
+            except ConnectionLost:
+                raise
             except ToolsdError as e:
+                if e.code == "not_found":  # closed by someone else, or a daemon restarted
+                    print(f"toolsd repl: session {self.session} is gone ({e.message}); the "
+                          f"REPL's state went with it", file=sys.stderr)
+                    self.lost = True
+                    return 1
                 print(f"toolsd: {e.code}: {e.message}", file=sys.stderr)
                 continue
-            show(result)
-    finally:
+            self.output.show(self.client, self.session, result, live)
+
+    def _end(self) -> None:
+        if self.client is None:
+            return
         try:
-            client.session_close(session)
+            if self.lost:
+                pass
+            elif self.open_params is not None and self.session:
+                self.client.session_close(self.session)
+            elif self.turn is not None:
+                self.client.turn_end(self.session, self.turn)
+                if sys.stdin.isatty():
+                    print(f"toolsd repl: session {self.session} stays open (`toolsd close "
+                          f"{self.session}` ends it)")
         except (ToolsdError, OSError):
-            # The daemon went away: its sessions went with it.
-            pass
-        client.close()
+            pass  # the daemon went away: its sessions went with it
+        finally:
+            self.client.close()
