@@ -82,6 +82,7 @@ def test_attach_to_a_process_without_a_terminal_is_refused_clearly(daemon, clien
     term = attach(daemon, bg["id"])
     try:
         term.expect_exact("no terminal")
+        term.expect_exact(f"`toolsd logs -f {bg['id']}` follows its output")
         term.expect(pexpect.EOF)
     finally:
         term.close(force=True)

@@ -20,7 +20,7 @@ import threading
 import time
 import tty
 
-from toolsd.cli.common import connect
+from toolsd.cli.common import CommandFailed, connect
 from toolsd.cli.logs import CHUNK_CHARS, next_piece
 from toolsd.client import ConnectionLost, ToolsdError
 
@@ -63,7 +63,15 @@ def cmd_attach(args) -> int:
         return 2
     with connect(args) as keys, connect(args) as reader:
         cols, rows = os.get_terminal_size(sys.stdin.fileno())
-        keys.process_resize(args.id, cols, rows)  # refused clearly without a terminal
+        try:
+            keys.process_resize(args.id, cols, rows)  # refused without a terminal
+        except ToolsdError as e:
+            if e.code != "bad_params" or "no terminal" not in e.message:
+                raise
+            raise CommandFailed("attach", f"{args.id} has no terminal (it was started without "
+                                          f"tty: true), so nothing can be typed into it; "
+                                          f"`toolsd logs -f {args.id}` follows its output") \
+                from None
         start = max(0, keys.process_output(args.id, since=0, max_output_chars=0)["next"]
                     - SHOW_BEFORE_BYTES)
         print(f"[toolsd attach: {args.id}; {args.detach_key} detaches, the process runs on]",

@@ -15,8 +15,11 @@ COLUMNS = ("ID", "SESSION", "PID", "STATUS", "UPTIME", "CPU", "RSS", "DESC", "CO
 
 def add_parser(sub, common) -> None:
     p = sub.add_parser("ps", parents=[common], help="list background processes")
-    p.add_argument("--session", help="only the processes of this session")
+    p.add_argument("--session", metavar="ID",
+                   help="only the processes of this session (default: every session's)")
     p.add_argument("-r", "--running", action="store_true", help="only those still running")
+    p.add_argument("-a", "--all", action="store_true",
+                   help="also the ended processes of closed sessions (hidden by default)")
     p.add_argument("--json", action="store_true", help="print process.list's answer as JSON")
     p.set_defaults(func=cmd_ps)
 
@@ -24,14 +27,23 @@ def add_parser(sub, common) -> None:
 def cmd_ps(args) -> int:
     with connect(args) as c:
         procs = c.process_list(args.session)["processes"]
+        open_sessions = {s["session"] for s in c.session_list()["sessions"]}
         # A closed session's processes are still listed; an id nobody knows is a typo.
-        if args.session is not None and not procs and args.session not in {
-                s["session"] for s in c.session_list()["sessions"]}:
+        if args.session is not None and not procs and args.session not in open_sessions:
             print(f"toolsd ps: no session {_printable(args.session)}; `toolsd ps` lists the "
                   f"processes of every session", file=sys.stderr)
             return 1
     if args.running:
         procs = [p for p in procs if p["status"] == "running"]
+    elif not args.all:
+        # What a person looks for is what is still there: a closed session's ended
+        # processes are history, asked for with --all.
+        shown = [p for p in procs if p["status"] == "running" or p["session"] in open_sessions]
+        if len(shown) < len(procs) and not args.json:
+            hidden = len(procs) - len(shown)
+            print(f"toolsd ps: {hidden} ended process{'es' if hidden != 1 else ''} of closed "
+                  f"sessions not shown; --all shows them", file=sys.stderr)
+        procs = shown
     if args.json:
         print(json.dumps(procs, indent=2))
         return 0
