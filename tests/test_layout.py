@@ -29,7 +29,8 @@ ALLOWED = {
 # `toolsd serve` starts the daemon and `toolsd doctor` probes bubblewrap: both import inside
 # the command's function, so the other subcommands load none of it.
 EXCEPTIONS = {("toolsd.cli.serve", "toolsd.daemon.serve"),
-              ("toolsd.cli.doctor", "toolsd.sandbox.probe")}
+              ("toolsd.cli.doctor", "toolsd.sandbox.probe"),
+              ("toolsd.cli.doctor", "toolsd.sandbox.host_checks")}
 # Tools may name the daemon's Session and Supervisor in annotations, never at run time.
 TYPING_ONLY = {"toolsd.daemon.session", "toolsd.daemon.supervisor"}
 # The server: what reads the socket and routes requests. Tools never see it.
