@@ -24,7 +24,7 @@ def add_parser(sub, common) -> None:
     p.add_argument("--workspace", default=None,
                    help="the session's workspace folder (default: the current folder)")
     p.add_argument("--out", metavar="FILE",
-                   help="save the bytes a model would see to FILE")
+                   help="save the bytes a model would see to FILE (default: not saved)")
     p.add_argument("--max-dim", type=int, default=1568, metavar="N",
                    help="longest side in pixels (default: 1568)")
     p.add_argument("--max-bytes", type=int, default=3_750_000, metavar="N",

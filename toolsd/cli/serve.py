@@ -14,16 +14,19 @@ from toolsd.wire.protocol import DEFAULT_MAX_FRAME
 
 def add_parser(sub, common) -> None:
     p = sub.add_parser("serve", parents=[common], help="run the daemon in the foreground")
-    p.add_argument("--state-dir", help="what survives restarts (default: beside the socket)")
-    p.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME)
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="what survives restarts: id counters, process logs (default: state/ "
+                        "beside the socket)")
+    p.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, metavar="BYTES",
+                   help="the largest message taken or sent")
     p.add_argument("--require-sandbox", action="store_true",
                    help="refuse to start when bubblewrap cannot sandbox sessions")
     p.add_argument("--hide", action="append", default=[], metavar="PATH",
                    help="another path sessions must not see: a file or a folder, existing or "
-                        "not (repeatable)")
+                        "not (repeatable; default: only the list in docs/sandbox.md)")
     p.add_argument("--show", action="append", default=[], metavar="PATH",
                    help="let one of the home folder's hidden entries (docs/sandbox.md) back "
-                        "into sessions, read-only, e.g. ~/.npmrc (repeatable)")
+                        "into sessions, read-only, e.g. ~/.npmrc (repeatable; default: none)")
     p.add_argument("--no-warm-spare", dest="warm_spare", action="store_false",
                    help="do not keep a sandbox started ahead for the next session.open "
                         "(session.open takes it instead of starting a sandbox; it holds one idle "
@@ -31,7 +34,8 @@ def add_parser(sub, common) -> None:
     p.add_argument("--idle-timeout", type=duration, metavar="DURATION",
                    help="close a session after this long with no call and no running process "
                         "(90s, 30m, 2h, or seconds; default: never)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log every request and sandbox step on stderr")
     p.set_defaults(func=cmd_serve)
 
 

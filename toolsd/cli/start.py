@@ -19,7 +19,7 @@ def add_parser(sub, common) -> None:
     p.add_argument("--session", required=True, metavar="ID",
                    help="the session to run it in (from `toolsd open`)")
     p.add_argument("--name", default="", metavar="NAME",
-                   help="a name shown by `toolsd ps` beside its command")
+                   help="a name shown by `toolsd ps` beside its command (default: none)")
     p.add_argument("--tty", action="store_true",
                    help="give it a terminal, so that `toolsd attach` can type into it")
     p.add_argument("command", nargs=argparse.REMAINDER,

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import json
 
-from toolsd.cli.common import socket_of
-from toolsd.client import Client
+from toolsd.cli.common import connect, socket_of
 
 
 def add_parser(sub, common) -> None:
     p = sub.add_parser("status", parents=[common], help="is the daemon up; what it has open")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print hello's and session.list's answers as JSON")
     p.set_defaults(func=cmd_status)
 
 
 def cmd_status(args) -> int:
     # A person asking "is it up?" gets an answer even from a daemon that hangs.
-    with Client(socket_of(args), timeout=30) as c:
+    with connect(args, timeout=30) as c:
         hello = c.hello("toolsd-cli")
         sessions = c.session_list()["sessions"]
     if args.json:

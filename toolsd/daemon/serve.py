@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import resource
+import shutil
 import signal
 import socket
 import stat
@@ -136,8 +137,8 @@ async def _main(config: Config, bwrap, why_not: str, announce) -> None:
                 await accepting.start(serve, supervisor, sock, config.max_frame)
                 announce(f"toolsd listening on {config.socket_path} "
                          f"(sandbox: {supervisor.sandbox_kind})", flush=True)
-                announce(f"try: toolsd --socket {config.socket_path} exec -- echo hello",
-                         flush=True)
+                announce(f"try: {typed_command()} --socket {config.socket_path} exec -- echo "
+                         f"hello", flush=True)
                 async for signum in signals:
                     log.info("%s: shutting down", signal.Signals(signum).name)
                     break
@@ -146,6 +147,20 @@ async def _main(config: Config, bwrap, why_not: str, announce) -> None:
             _unlink(config.socket_path)
             await supervisor.aclose()
             nursery.cancel_scope.cancel()
+
+
+def typed_command() -> str:
+    """What a person types here to run this toolsd: `toolsd` where PATH finds this one, else
+    its script's path (relative to the working folder when inside it: `.venv/bin/toolsd`),
+    else `python -m toolsd` on this interpreter."""
+    script = os.path.join(os.path.dirname(sys.executable), "toolsd")
+    if not os.access(script, os.X_OK):
+        return f"{sys.executable} -m toolsd"
+    found = shutil.which("toolsd")
+    if found and os.path.realpath(found) == os.path.realpath(script):
+        return "toolsd"
+    relative = os.path.relpath(script)
+    return relative if not relative.startswith("..") else script
 
 
 def _unlink(path: str) -> None:
