@@ -106,3 +106,21 @@ def test_repl_in_a_kept_session_leaves_it_open(daemon, client):
     shown = toolsd(daemon, "exec", "--session", session, "--", "cat /tmp/from-repl")
     assert shown.stdout == "typed\n"
     client.session_close(session)
+
+
+def test_repl_on_a_session_closed_meanwhile_says_it_is_gone(daemon, client):
+    session = open_session(daemon)
+    child = toolsd_at_terminal(daemon, "repl", "--session", session)
+    try:
+        child.expect_exact(">>> ")
+        child.sendline("x = 1")
+        child.expect_exact(">>> ")
+        assert toolsd(daemon, "close", session).returncode == 0
+        child.sendline("x")
+        child.expect_exact(f"session {session} is gone")
+        child.expect_exact("`toolsd open`")
+        child.expect(pexpect.EOF)
+        child.close()
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 1

@@ -16,6 +16,7 @@ import os
 import sys
 
 from toolsd.cli.common import CommandFailed, connect, daemon_socket, socket_of
+from toolsd.cli.messages import for_person
 from toolsd.cli.open_session import add_session_options, open_options, refuse_with_session
 from toolsd.cli.repl_output import ReplOutput
 from toolsd.client import ConnectionLost, ToolsdError
@@ -111,6 +112,9 @@ def cmd_repl(args: argparse.Namespace) -> int:
         if not os.path.isdir(args.figures):
             raise CommandFailed("repl", f"--figures {args.figures}: no such folder; make it "
                                         f"first (mkdir -p)", 2)
+        if not os.access(args.figures, os.W_OK | os.X_OK):
+            raise CommandFailed("repl", f"--figures {args.figures}: cannot write in it; name "
+                                        f"a folder of yours", 2)
     if args.session:
         refuse_with_session(args, "repl")
         return ReplSession(args, socket_of(args)).run()
@@ -184,11 +188,11 @@ class ReplSession:
                 raise
             except ToolsdError as e:
                 if e.code == "not_found":  # closed by someone else, or a daemon restarted
-                    print(f"toolsd repl: session {self.session} is gone ({e.message}); the "
-                          f"REPL's state went with it", file=sys.stderr)
+                    print(f"toolsd repl: session {self.session} is gone ({for_person(e)}); "
+                          f"the REPL's state went with it", file=sys.stderr)
                     self.lost = True
                     return 1
-                print(f"toolsd: {e.code}: {e.message}", file=sys.stderr)
+                print(f"toolsd repl: {for_person(e)}", file=sys.stderr)
                 continue
             self.output.show(self.client, self.session, result, live)
 

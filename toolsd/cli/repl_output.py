@@ -51,23 +51,34 @@ class ReplOutput:
         if self.figures is None:
             say(f"figure {size} at {image['path']} in the session; --figures DIR saves them")
             return
-        dest = self._free_name(self.figures, "figure", _SUFFIXES.get(image["media_type"], ""))
+        try:
+            dest = self._free_name(self.figures, "figure",
+                                   _SUFFIXES.get(image["media_type"], ""))
+        except OSError as e:
+            say(f"figure {size} at {image['path']} in the session: not saved in "
+                f"{self.figures} ({e.strerror})")
+            return
         try:
             copy_out(client, session, image["path"], dest)
-        except CopyFailed as e:
-            os.unlink(dest)
+        except (CopyFailed, OSError) as e:
+            _remove(dest)
             say(f"figure {size}: not saved: {e}")
             return
         say(f"figure {size} saved to {dest}")
 
     def _whole_output(self, client, session: str, result: dict) -> None:
-        if self._kept_dir is None:
-            self._kept_dir = tempfile.mkdtemp(prefix="toolsd-repl-")
-        dest = self._free_name(self._kept_dir, "output", ".txt")
+        try:
+            if self._kept_dir is None:
+                self._kept_dir = tempfile.mkdtemp(prefix="toolsd-repl-")
+            dest = self._free_name(self._kept_dir, "output", ".txt")
+        except OSError as e:
+            say(f"the output was cut; its whole text is at {result['output_file']} in the "
+                f"session (not copied: {e.strerror})")
+            return
         try:
             copied = copy_out(client, session, result["output_file"], dest)
-        except CopyFailed as e:
-            os.unlink(dest)
+        except (CopyFailed, OSError) as e:
+            _remove(dest)
             say(f"the output was cut; its whole text is at {result['output_file']} in the "
                 f"session (not copied: {e})")
             return
@@ -85,6 +96,13 @@ class ReplOutput:
                 return path
             except FileExistsError:
                 n += 1
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def say(message: str) -> None:

@@ -32,7 +32,9 @@ def copy_out(client, session: str, path: str, dest: str) -> int:
             try:
                 r = client.shell_run(
                     session,
-                    f"set -o pipefail; [ -f {quoted} ] || {{ echo 'no such file'; exit 3; }}; "
+                    # pipefail where the shell has it (bash; not sh where there is no bash).
+                    f"(set -o pipefail) 2>/dev/null && set -o pipefail; "
+                    f"[ -f {quoted} ] && [ -r {quoted} ] || {{ echo 'no such file'; exit 3; }}; "
                     f"tail -c +{offset + 1} -- {quoted} | head -c {CHUNK_BYTES} | base64 -w0",
                     timeout_s=COPY_TIMEOUT_S, max_output_chars=MAX_OUTPUT_CHARS)
             except ConnectionLost:
