@@ -171,15 +171,18 @@ class ReplSession:
             source = read_input(args.language)
             if source is None:
                 return 0
+            self.output.start()
             try:
                 result = self.client.repl_exec(
                     self.session, self.turn, source, language=args.language,
                     timeout_s=args.timeout, on_event=self.output.on_event if live else None,
                     **extra)
+                self.output.show(self.client, self.session, result, live)
             except KeyboardInterrupt:
                 # The blocking client cannot take another request while one is in flight:
                 # drop the connection (the daemon cancels the request, which interrupts the
-                # code and keeps the REPL's state) and carry on with a new one.
+                # code and keeps the REPL's state, or the copy of a figure) and carry on with
+                # a new one.
                 self.client.close()
                 self.client = connect(args, self.path)
                 print("\nKeyboardInterrupt")
@@ -193,8 +196,6 @@ class ReplSession:
                     self.lost = True
                     return 1
                 print(f"toolsd repl: {for_person(e)}", file=sys.stderr)
-                continue
-            self.output.show(self.client, self.session, result, live)
 
     def _end(self) -> None:
         if self.client is None:

@@ -26,6 +26,10 @@ class ReplOutput:
         self._kept_dir = figures
         self._last_live = ""  # the last text printed live for the input under way
 
+    def start(self) -> None:
+        """An input is sent: nothing of it printed yet."""
+        self._last_live = ""
+
     def on_event(self, event) -> None:
         # Flushed at once: a person watches it.
         sys.stdout.write(event.data)
@@ -34,7 +38,6 @@ class ReplOutput:
 
     def show(self, client, session: str, result: dict, live: bool) -> None:
         shown = self._last_live if live else result["output"]
-        self._last_live = ""
         if not live:
             sys.stdout.write(shown)
         if shown and not shown.endswith("\n"):
