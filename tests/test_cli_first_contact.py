@@ -103,7 +103,8 @@ def doctor_lines(daemon, socket: str) -> dict[str, str]:
 def test_doctor_reports_each_check_and_the_daemon_on_the_socket_it_is_given(daemon):
     lines = doctor_lines(daemon, daemon.socket)
     assert list(lines) == ["daemon", "bwrap", "user namespaces", "cgroup memory",
-                           "cgroup pids", "overlay", "inotify"]
+                           "cgroup pids", "overlay", "inotify", "sandbox"]
+    assert lines["sandbox"].startswith("bwrap: sessions run in their own user, pid")
     assert lines["daemon"].startswith("ok") and f"answers on {daemon.socket}" in lines["daemon"]
     assert lines["bwrap"].startswith("ok")
     assert lines["user namespaces"].startswith("ok")  # bwrap ran: they are there

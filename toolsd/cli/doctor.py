@@ -1,5 +1,6 @@
 """`toolsd doctor`: can sessions be sandboxed here, and if not, why; and does a daemon answer
-on the socket. One line per check, `ok` or `NO`, with what follows for sessions."""
+on the socket. One line per check, `ok` or `NO`, with what follows for sessions, then the
+verdict: `sandbox: bwrap` or `sandbox: none` (exit 1)."""
 
 from __future__ import annotations
 
@@ -23,16 +24,17 @@ def cmd_doctor(args) -> int:
 
     line("daemon", *daemon_check(args))
     bwrap, why_not = probe_bwrap()
-    if bwrap:
-        line("bwrap", True, f"{bwrap}: sessions run in their own user, pid, ipc, uts and "
-                            f"network namespaces")
-    else:
-        line("bwrap", False, f"{why_not}; sessions would run UNSANDBOXED (`toolsd serve "
-                             f"--require-sandbox` refuses instead)")
+    line("bwrap", bool(bwrap), f"{bwrap} makes a sandbox" if bwrap else why_not)
     for check in [host_checks.user_namespaces(), *host_checks.cgroups(),
                   host_checks.overlay(bwrap), host_checks.inotify()]:
         line(check.name, check.ok, check.text)
-    return 0 if bwrap else 1
+    if bwrap:
+        print("sandbox: bwrap: sessions run in their own user, pid, ipc, uts and network "
+              "namespaces")
+        return 0
+    print(f"sandbox: none: sessions would run UNSANDBOXED ({why_not}); `toolsd serve "
+          f"--require-sandbox` refuses instead")
+    return 1
 
 
 def daemon_check(args) -> tuple[bool, str]:
