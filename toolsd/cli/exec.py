@@ -39,7 +39,8 @@ def add_parser(sub, common) -> None:
 
 def cmd_exec(args) -> int:
     text = command_text(args.command, "exec")
-    if args.session:
+    kept = args.session is not None
+    if kept:
         refuse_with_session(args, "exec")
         options = None
         where = contextlib.nullcontext(None)
@@ -56,7 +57,8 @@ def cmd_exec(args) -> int:
 
     with where as path, connect(args, path) as c:
         live = "stream" in c.hello("toolsd-cli").get("features", [])
-        session = args.session or c.session_open(options.pop("workspace"), **options)["session"]
+        session = args.session if kept else c.session_open(options.pop("workspace"),
+                                                           **options)["session"]
         try:
             result = c.shell_run(session, text, timeout_s=args.timeout,
                                  on_event=print_live if live else None)
@@ -65,7 +67,7 @@ def cmd_exec(args) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 141
         finally:
-            if not args.session:
+            if not kept:
                 c.session_close(session)
     # Streamed, the output ended with the same notices as `output` (tools/live.py).
     shown = printed[0] if live else result["output"]
@@ -74,7 +76,7 @@ def cmd_exec(args) -> int:
     if shown and not shown.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()
-    print_notices("exec", result, session_kept=bool(args.session))
+    print_notices("exec", result, session_kept=kept)
     if result["timed_out"]:
         print(f"toolsd exec: timed out after {args.timeout:g} s", file=sys.stderr)
         return 124

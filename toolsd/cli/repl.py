@@ -115,7 +115,7 @@ def cmd_repl(args: argparse.Namespace) -> int:
         if not os.access(args.figures, os.W_OK | os.X_OK):
             raise CommandFailed("repl", f"--figures {args.figures}: cannot write in it; name "
                                         f"a folder of yours", 2)
-    if args.session:
+    if args.session is not None:
         refuse_with_session(args, "repl")
         return ReplSession(args, socket_of(args)).run()
     options = open_options(args, "repl")
