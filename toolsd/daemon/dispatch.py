@@ -138,25 +138,25 @@ async def process_start(sup: Supervisor, p: ProcessStartParams) -> ProcessStartR
 
 async def process_output(sup: Supervisor, p: ProcessOutputParams,
                          answer: Answer) -> ProcessOutputResult:
-    proc = sup.process(p.id)
+    proc = sup.process(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.output(proc, p, answer))
 
 
 async def process_stop(sup: Supervisor, p: ProcessStopParams) -> ProcessStopResult:
-    proc = sup.process(p.id)
+    proc = sup.process(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.stop(proc, p))
 
 
 async def process_write(sup: Supervisor, p: ProcessWriteParams) -> ProcessWriteResult:
-    proc = sup.process(p.id)
+    proc = sup.process(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.write(proc, p))
 
 
 async def process_resize(sup: Supervisor, p: ProcessResizeParams) -> ProcessResizeResult:
-    proc = sup.process(p.id)
+    proc = sup.process(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.resize(proc, p))
 

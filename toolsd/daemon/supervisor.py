@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Iterator
 import trio
 
 from toolsd import __version__
+from toolsd.tools import process_names
 from toolsd.daemon.session import Session
 from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state import StateDir
@@ -179,11 +180,11 @@ class Supervisor:
 
     # ------------------------------------------------------------ background processes
 
-    def process(self, process_id: str) -> BackgroundProcess:
+    def process(self, process_id: str, session_id: str | None = None) -> BackgroundProcess:
+        """The process of that id, else of that name (process_names: the rule)."""
         proc = self.processes.get(process_id)
         if proc is None:
-            raise ToolsdError(NOT_FOUND, f"no background process {process_id!r}; "
-                              f"process.list shows the known ones")
+            return process_names.by_name(self.processes.values(), process_id, session_id)
         return proc
 
     def processes_of(self, session_id: str | None) -> list[BackgroundProcess]:

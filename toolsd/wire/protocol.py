@@ -252,7 +252,8 @@ class ProcessStartResult(Struct):
 
 
 class ProcessOutputParams(Struct):
-    id: str
+    id: str  # or the process's name (docs/protocol.md)
+    session: str | None = None  # where a name is looked for
     since: Annotated[int, Meta(ge=0)] | None = None
     wait_s: NonNegSeconds = 0.0
     until: str | None = None
@@ -275,7 +276,8 @@ class ProcessOutputResult(Struct):
 
 
 class ProcessStopParams(Struct):
-    id: str
+    id: str  # or the process's name (docs/protocol.md)
+    session: str | None = None  # where a name is looked for
     grace_s: Annotated[float, Meta(ge=0, le=MAX_GRACE_S)] = 2.0
 
 
