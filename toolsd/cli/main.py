@@ -10,6 +10,7 @@ from toolsd.cli import (
     attach,
     doctor,
     exec as exec_,
+    forward,
     image,
     kill,
     logs,
@@ -22,8 +23,8 @@ from toolsd.client import ToolsdError
 
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
-COMMANDS = (serve, status, doctor, exec_, image, ps, logs, attach, kill, repl, agent_cli,
-            mcp_server)
+COMMANDS = (serve, status, doctor, exec_, image, ps, logs, attach, kill, repl, forward,
+            agent_cli, mcp_server)
 
 
 def main(argv: list[str] | None = None) -> int:

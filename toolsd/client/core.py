@@ -221,6 +221,14 @@ class Methods:
         return self.call("process.write", id=id, data=data,
                          **checked("process.write", options, "id", "data"))
 
+    def port_forward(self, session: str, port: int, **options: Any):
+        """1.2 "ports": {host, port} of a listener carried to `port` inside the session."""
+        return self.call("port.forward", session=session, port=port,
+                         **checked("port.forward", options, "session", "port"))
+
+    def port_close(self, session: str, port: int):
+        return self.call("port.close", session=session, port=port)
+
     def process_resize(self, id: str, cols: int, rows: int, session: str | None = None):
         return self.call("process.resize", id=id, cols=cols, rows=rows,
                          **_params(session=session))

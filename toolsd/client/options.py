@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from toolsd.wire import process_input, protocol
+from toolsd.wire import ports, process_input, protocol
 
 # Options of the client itself, not of the method.
 CLIENT_OPTIONS = frozenset({"on_event"})
@@ -24,6 +24,7 @@ _PARAMS: dict[str, type[msgspec.Struct]] = {
     "process.stop": protocol.ProcessStopParams,
     "process.write": process_input.ProcessWriteParams,
     "image.read": protocol.ImageReadParams,
+    "port.forward": ports.PortForwardParams,
 }
 _NAMES = {method: frozenset(f.encode_name for f in msgspec.structs.fields(params))
           for method, params in _PARAMS.items()}

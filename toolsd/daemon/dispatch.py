@@ -19,6 +19,7 @@ import trio
 
 from toolsd.tools import images, processes, repl, shell
 from toolsd.tools.calls import Answer, Detached
+from toolsd.wire.ports import PortCloseParams, PortCloseResult, PortForwardParams, PortForwardResult
 from toolsd.wire.process_input import (
     ProcessResizeParams,
     ProcessResizeResult,
@@ -107,7 +108,8 @@ async def session_close(sup: Supervisor, p: SessionParams) -> SessionCloseResult
 
 
 async def session_list(sup: Supervisor, p: SessionListParams) -> SessionListResult:
-    return SessionListResult(sessions=[s.info() for s in sup.open_sessions()])
+    return SessionListResult(sessions=[s.info(sup.forwards.info(s.id))
+                                       for s in sup.open_sessions()])
 
 
 async def turn_begin(sup: Supervisor, p: SessionParams) -> TurnBeginResult:
@@ -161,6 +163,16 @@ async def process_resize(sup: Supervisor, p: ProcessResizeParams) -> ProcessResi
         return await proc.session.reported(await processes.resize(proc, p))
 
 
+async def port_forward(sup: Supervisor, p: PortForwardParams) -> PortForwardResult:
+    with sup.session(p.session).call() as session:
+        return await session.reported(await sup.forwards.forward(session, p))
+
+
+async def port_close(sup: Supervisor, p: PortCloseParams) -> PortCloseResult:
+    with sup.session(p.session).call() as session:
+        return await session.reported(await sup.forwards.close(session, p.port))
+
+
 async def process_list(sup: Supervisor, p: ProcessListParams) -> ProcessListResult:
     return await processes.listing(sup, p)
 
@@ -208,6 +220,8 @@ METHODS: Final[dict[str, Method]] = {
     "process.resize": Method(ProcessResizeParams, process_resize),
     "process.list": Method(ProcessListParams, process_list),
     "image.read": Method(ImageReadParams, image_read),
+    "port.forward": Method(PortForwardParams, port_forward),
+    "port.close": Method(PortCloseParams, port_close),
 }
 
 

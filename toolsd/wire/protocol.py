@@ -12,13 +12,14 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from toolsd.wire.ports import ForwardInfo
 from toolsd.wire.process_input import TerminalSide
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream")
+FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "ports")
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"
@@ -149,6 +150,7 @@ class SessionInfo(Struct):
     opened_at: float
     alive: bool = True  # 1.1: false once the session's sandbox died
     host_exec: HostExec = UNSET  # as of the session's last call
+    forwards: list[ForwardInfo] = []  # 1.2 "ports"
 
 
 class SessionListResult(Struct):
