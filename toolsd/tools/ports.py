@@ -25,6 +25,7 @@ import enum
 import errno
 import ipaddress
 import logging
+import os
 import socket
 import struct
 from typing import TYPE_CHECKING
@@ -153,7 +154,7 @@ class Forward:
                 if e.errno == errno.ECONNREFUSED and family == 4:
                     continue
                 raise
-            sock = trio.socket.from_stdlib_socket(socket.socket(fileno=fd))
+            sock = trio.socket.from_stdlib_socket(stream_socket(fd))
             try:
                 with trio.fail_after(CONNECT_TIMEOUT_S):
                     await trio.lowlevel.wait_writable(sock)
@@ -167,6 +168,20 @@ class Forward:
             if err != errno.ECONNREFUSED or family == 6:
                 raise OSError(err, f"connect to port {self.port}: {errno.errorcode.get(err)}")
         raise OSError(errno.ECONNREFUSED, "refused")
+
+
+def stream_socket(fd: int) -> socket.socket:
+    """The launcher's fd as a TCP socket; anything else (what comes out of a sandbox is not
+    trusted) is closed and refused."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+        sock.close()
+        raise OSError(errno.EPROTOTYPE, "the launcher passed something else than a TCP socket")
+    return sock
 
 
 def reset(stream: trio.SocketStream) -> None:
