@@ -19,7 +19,12 @@ import trio
 
 from toolsd.tools import images, processes, repl, shell
 from toolsd.tools.calls import Answer, Detached
-from toolsd.wire.ports import PortCloseParams, PortCloseResult, PortForwardParams, PortForwardResult
+from toolsd.wire.ports import (
+    PortCloseParams,
+    PortCloseResult,
+    PortForwardParams,
+    PortForwardResult,
+)
 from toolsd.wire.process_input import (
     ProcessResizeParams,
     ProcessResizeResult,
