@@ -4,6 +4,9 @@ gives one), several is a clear error, none running the latest of that name."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from conftest import needs_bwrap
@@ -70,3 +73,17 @@ def test_ids_win_and_a_name_shaped_like_an_id_is_refused(client, session):
     with pytest.raises(ToolsdError) as e:
         client.process_output("no-such-name", session=session)
     assert e.value.code == "not_found" and "no-such-name" in e.value.message
+
+
+def test_the_cli_takes_a_name_where_it_takes_an_id(daemon, client, session):
+    bg = client.process_start(session, "echo hello from web; sleep 1000", name="web")
+    client.process_output(bg["id"], wait_s=60, until="hello from web")
+    tree = command_tree(bg["pid"])
+    toolsd = [sys.executable, "-m", "toolsd"]
+    logs = subprocess.run([*toolsd, "logs", "--socket", daemon.socket, "web"],
+                          capture_output=True, text=True, timeout=60)
+    assert logs.returncode == 0 and "hello from web" in logs.stdout, logs.stderr
+    kill = subprocess.run([*toolsd, "kill", "--socket", daemon.socket, "web"],
+                          capture_output=True, text=True, timeout=60)
+    assert kill.returncode == 0 and kill.stdout.startswith(f"{bg['id']}: stopped"), kill
+    assert_all_gone(tree)
