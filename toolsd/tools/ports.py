@@ -46,7 +46,7 @@ log = logging.getLogger("toolsd.ports")
 MAX_FORWARDS = 32  # per session
 MAX_CONNECTIONS = 512  # carried at once by one forward; more wait in the listen queue
 BACKLOG = 128
-CONNECT_TIMEOUT_S = 30.0  # for a server whose own listen queue is full
+CONNECT_TIMEOUT_S = 30.0  # the connect inside, for a server whose listen queue is full
 # After accept fails for want of descriptors: the pause before the next accept (the
 # connections being carried free some as they end).
 NO_FDS_PAUSE_S = 0.1
@@ -132,7 +132,10 @@ class Forward:
         try:
             with self.session.call():
                 try:
-                    inside = await self._connect_inside()
+                    # Bounded as a whole: the launcher's answer too (one lost to a daemon
+                    # out of descriptors would otherwise be waited for until the close).
+                    with trio.fail_after(CONNECT_TIMEOUT_S):
+                        inside = await self._connect_inside()
                 except (ConnectFailed, LauncherError, OSError, trio.TooSlowError):
                     reset(outside)
                     return
@@ -156,8 +159,7 @@ class Forward:
                 raise
             sock = trio.socket.from_stdlib_socket(stream_socket(fd))
             try:
-                with trio.fail_after(CONNECT_TIMEOUT_S):
-                    await trio.lowlevel.wait_writable(sock)
+                await trio.lowlevel.wait_writable(sock)
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             except BaseException:
                 sock.close()
