@@ -24,8 +24,8 @@ must not trust what comes out of a sandbox). Seqpacket keeps datagrams whole, so
 and every shim write to the control channel without a lock.
 
     daemon -> reader shim, spawn channel: spawn (fds: the child's fds 0, 1, 2, ...)
-    daemon -> launcher:  ping
-    launcher -> daemon:  ready (fds: pidfd of the launcher), pong, error
+    daemon -> launcher:  ping, connect (port.forward: driver/port_connect.py)
+    launcher -> daemon:  ready (fds: pidfd of the launcher), pong, error, connected
     shim -> daemon:      started (fds: pidfd of the command, pidfd of the shim, hold pipe,
                          and the terminal's master side for a "tty" request), error, exited ("done": true when nothing of the tree is left), done
     shim -> launcher:    "took", "idle" or "retire" on its private socketpair; the job it
@@ -294,6 +294,29 @@ def recv(sock):
     fds = fds_of(anc)
     refuse_truncated(flags, fds)
     return data, fds
+
+
+_port_connect = None
+
+
+def connect_inside(host, msg):
+    """port.forward's connect, made here in the sandbox's network namespace by
+    driver/port_connect.py, loaded from beside this file on first use (the launcher's start
+    does without it)."""
+    global _port_connect
+    if _port_connect is None:
+        folder = os.path.dirname(main.__code__.co_filename)
+        sys.path.insert(0, folder)
+        try:
+            import port_connect
+        except ImportError as e:
+            send(host, {"op": "connected", "n": msg.get("n"), "errno": 0,
+                        "error": "the launcher could not load port_connect.py: %s" % e})
+            return
+        finally:
+            sys.path.remove(folder)
+        _port_connect = port_connect
+    _port_connect.answer(host, msg, send)
 
 
 def which(name, path):
@@ -1189,6 +1212,8 @@ class Launcher:
             op = msg.get("op")
             if op == "ping":
                 send(self.host, {"op": "pong", "n": msg.get("n")})
+            elif op == "connect":
+                connect_inside(self.host, msg)
             else:
                 print("launcher: ignoring unknown message %r" % (op,), file=sys.stderr)
 

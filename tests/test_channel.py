@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from driver import LAUNCHER_PY
+from driver import LAUNCHER_PY, PORT_CONNECT
 from driver import launcher as driver
 from toolsd.sandbox.channel import (UNREADABLE, Done, Exited, Failed, Pong, Ready, Started,
                                     decode, ping_message, spawn_message)
@@ -77,11 +77,11 @@ def test_done():
 
 def test_every_op_the_launcher_sends_has_a_struct():
     # A new message in the driver without its Struct here would be dropped as unreadable.
-    source = open(LAUNCHER_PY).read()
-    ops = set(re.findall(r'"op": "(\w+)"', source)) - {"spawn", "ping"}  # those come to it
-    assert ops == {"ready", "pong", "started", "error", "exited", "done"}
+    source = open(LAUNCHER_PY).read() + open(PORT_CONNECT).read()
+    ops = set(re.findall(r'"op": "(\w+)"', source)) - {"spawn", "ping", "connect"}  # to it
+    assert ops == {"ready", "pong", "started", "error", "exited", "done", "connected"}
     for op in ops:
-        assert decode(sent({"op": op, "job": 1})) is not UNREADABLE, op
+        assert decode(sent({"op": op, "job": 1, "n": 1})) is not UNREADABLE, op
 
 
 @pytest.mark.parametrize("data", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import trio
@@ -112,3 +113,32 @@ def test_asyncio_cancelled_call_ends_its_command(daemon):
             await client.session_close(session)
 
     asyncio.run(main())
+
+
+def test_an_unknown_keyword_is_refused_before_anything_is_sent(daemon, client, session):
+    # The daemon ignores params it does not know: a misspelt option would be dropped silently.
+    ran = f"{daemon.workspace}/ran"
+    with pytest.raises(TypeError) as e:
+        client.shell_run(session, f"touch {ran}", timeout=1)
+    assert "'timeout'" in str(e.value) and "'timeout_s'" in str(e.value)
+    assert "shell_run()" in str(e.value)
+    with pytest.raises(TypeError, match="'wait_s'"):
+        client.process_output("bg1", wait=5)
+    with pytest.raises(TypeError, match="'max_dim'"):
+        client.image_read(session, "x.png", maxdim=10)
+    assert not os.path.exists(ran)
+    # Known options, and the client's own (on_event), still go through.
+    r = client.shell_run(session, "echo ok", timeout_s=30, on_event=lambda e: None)
+    assert r["output"] == "ok\n"
+
+
+async def test_the_async_client_refuses_an_unknown_keyword_too(daemon):
+    async with await AsyncClient.connect(daemon.socket) as client:
+        session = (await client.session_open(daemon.workspace))["session"]
+        with pytest.raises(TypeError, match="'timeout_s'"):
+            await client.shell_run(session, f"touch {daemon.workspace}/ran", timeout=1)
+        with pytest.raises(TypeError, match="'language'"):
+            await client.repl_exec(session, "t1", "1", lang="python")
+        assert not os.path.exists(f"{daemon.workspace}/ran")
+        assert (await client.shell_run(session, "echo ok", timeout_s=30))["output"] == "ok\n"
+        await client.session_close(session)

@@ -187,3 +187,39 @@ def test_activity_counts_from_the_end_of_the_last_busy_thing():
     assert a.idle_for(600.0) == 80.0
     a.restart(now=590.0)
     assert a.idle_for(600.0) == 10.0
+
+
+# An echo server in a thread of the REPL: no call in flight and no background process.
+ECHO_IN_A_THREAD = """
+import socket, threading
+server = socket.socket()
+server.bind(("127.0.0.1", 7000))
+server.listen()
+def echo(conn):
+    while data := conn.recv(100):
+        conn.sendall(data)
+def serve():
+    while True:
+        threading.Thread(target=echo, args=(server.accept()[0],), daemon=True).start()
+threading.Thread(target=serve, daemon=True).start()
+"""
+
+
+def test_a_forwarded_connection_keeps_its_session_from_idling(idle_daemon):
+    d = idle_daemon
+    with d.client() as c:
+        s = c.session_open(d.workspace)["session"]
+        turn = c.turn_begin(s)["turn"]
+        assert c.repl_exec(s, turn, ECHO_IN_A_THREAD)["status"] == "ok"
+        forward = c.port_forward(s, 7000)
+        with socket.create_connection((forward["host"], forward["port"]), timeout=30) as conn:
+            conn.sendall(b"a")
+            assert conn.recv(1) == b"a"
+            # Opened after s's last call: it would go after s, were s idle.
+            idle = c.session_open(d.workspace)["session"]
+            wait_for(lambda: idle not in listed(c), timeout=120)
+            assert s in listed(c)
+            conn.sendall(b"b")
+            assert conn.recv(1) == b"b"
+        wait_for(lambda: s not in listed(c), timeout=120)
+        assert wait_gone([p for p in d.tree() if not has_ended(p)], timeout=30) == []

@@ -123,15 +123,48 @@ def test_a_background_process_over_the_limit_says_so(client, open_session):
 
 
 @needs_memory_cgroup
-def test_a_repl_over_the_limit_crashes_and_says_so(client, open_session):
-    s = open_session(memory_mb=128)
+def test_a_repl_allocation_over_the_limit_raises_memory_error_and_keeps_state(
+        daemon, client, open_session):
+    s = open_session(memory_mb=256)
     turn = client.turn_begin(s)["turn"]
     assert client.repl_exec(s, turn, "kept = 42")["status"] == "ok"
-    r = client.repl_exec(s, turn, "big = bytearray(512 * 1024 * 1024)")
-    assert r["status"] == "crashed" and r["state_lost"], r
-    assert "SIGKILL" in r["output"] and LIMIT_NOTE.format(mb=128) in r["output"]
+    r = client.repl_exec(s, turn, "b = bytearray(10**10)")
+    assert r["status"] == "error" and not r["state_lost"], r
+    assert r["output"].rstrip().endswith("MemoryError")
+    # In pieces too: the limit is on what the interpreter allocates, however it gets there.
+    r = client.repl_exec(s, turn, "parts = [bytearray(2**20) for _ in range(1024)]")
+    assert r["status"] == "error" and "MemoryError" in r["output"], r
     again = client.repl_exec(s, turn, "kept")
-    assert again["fresh"] and again["status"] == "error" and "NameError" in again["output"]
+    assert again["output"] == "42\n" and not again["fresh"] and not again["state_lost"]
+    # What fits is still there to use.
+    assert client.repl_exec(s, turn, "len(bytearray(64 * 2**20))")["output"] == "67108864\n"
+    # The session keeps its cgroup, and the limit is the interpreter's alone: a command
+    # over the session's memory is still ended by the kernel, the call saying so.
+    with open(os.path.join(session_cgroup(daemon, s), "memory.limit_in_bytes")) as f:
+        assert int(f.read()) == 256 * 2**20
+    assert client.shell_run(s, "ulimit -d; ulimit -v")["output"] == "unlimited\nunlimited\n"
+    over = client.shell_run(s, ALLOCATE.format(mb=512))
+    assert over["signal"] == "SIGKILL" and LIMIT_NOTE.format(mb=256) in over["output"]
+    assert client.repl_exec(s, turn, "kept")["output"] == "42\n"
+    client.turn_end(s, turn)
+
+
+@needs_memory_cgroup
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_a_node_repl_buffer_over_the_limit_throws_and_webassembly_still_works(client,
+                                                                              open_session):
+    s = open_session(memory_mb=256)
+    turn = client.turn_begin(s)["turn"]
+    assert client.repl_exec(s, turn, "var kept = 42", language="node")["status"] == "ok"
+    r = client.repl_exec(s, turn, "const b = Buffer.alloc(2**30).fill(1)", language="node")
+    assert r["status"] == "error" and not r["state_lost"], r
+    assert "RangeError" in r["output"]
+    # V8 reserves some 10 GB of address space for a WebAssembly memory: the limit is on
+    # what is allocated, not on what is reserved.
+    wasm = client.repl_exec(s, turn, "new WebAssembly.Memory({initial: 1}).buffer.byteLength",
+                            language="node")
+    assert wasm["output"] == "65536\n", wasm
+    assert client.repl_exec(s, turn, "kept", language="node")["output"] == "42\n"
     client.turn_end(s, turn)
 
 

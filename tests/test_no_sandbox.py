@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -74,3 +75,27 @@ def test_doctor_with_bwrap():
     out = toolsd("doctor", env=dict(os.environ))
     assert out.returncode == 0
     assert out.stdout.splitlines()[-1].startswith("sandbox: bwrap")
+
+
+def test_an_unsandboxed_session_forwards_a_port_too(daemon_root):
+    # The launcher then runs in the host's network namespace: the same connect, the same
+    # relay, and it is loaded from the same place.
+    d = RunningDaemon(daemon_root)
+    d.env["PATH"] = path_without_bwrap(daemon_root)
+    d.start()
+    try:
+        with d.client() as c:
+            s = c.session_open(d.workspace)["session"]
+            with socket.socket() as server:
+                server.bind(("127.0.0.1", 0))
+                server.listen()
+                forward = c.port_forward(s, server.getsockname()[1])
+                with socket.create_connection((forward["host"], forward["port"]),
+                                              timeout=30) as conn:
+                    inside, _ = server.accept()
+                    with inside:
+                        conn.sendall(b"through")
+                        assert inside.recv(7) == b"through"
+            c.session_close(s)
+    finally:
+        assert d.stop() == 0, d.read_log()

@@ -116,6 +116,22 @@ def test_ctrl_z_stops_a_job_of_an_interactive_shell_and_stop_still_ends_it(clien
     assert_all_gone(tree)
 
 
+def test_a_prompt_that_reads_dev_tty_is_waiting_for_input(client, session):
+    # getpass, like ssh, sudo, gpg and git's credential prompts, opens /dev/tty (device 5:0)
+    # and reads that, not fd 0: here fd 0 is not even the terminal.
+    script = (f"{PY} -c 'import getpass; print(\"got\", getpass.getpass(\"pw: \"))' "
+              "0</dev/null")
+    bg = client.process_start(session, script, tty=True)
+    read_until(client, bg["id"], "pw: ")
+    tree = command_tree(bg["pid"])
+    wait_for(lambda: waiting(client, bg["id"]))
+    client.process_write(bg["id"], "hunter2\n")
+    out = wait_exit(client, bg["id"])
+    assert "got hunter2" in out["output"] and out["exit_code"] == 0
+    assert out["waiting_for_input"] is False
+    assert_all_gone(tree)
+
+
 # ------------------------------------------------------------------ stdin pipe
 
 

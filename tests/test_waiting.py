@@ -4,6 +4,7 @@ output."""
 
 from __future__ import annotations
 
+import os
 import struct
 
 from toolsd.tools.plain_text import strip_escapes
@@ -16,6 +17,7 @@ from toolsd.tools.waiting import (
     last_pid,
     poll_read_fds,
     select_read_fds,
+    terminal_of,
     waits_alone,
 )
 
@@ -126,3 +128,12 @@ def test_one_reader_alone_shows_the_wait_only_when_no_other_has_a_write_to_see()
     assert not waits_alone(view(pid=7, switches=10), X86, before_write={7: 10})
     # Another process has not been looked at: the whole group decides.
     assert not waits_alone(view(pid=7, switches=11), X86, before_write={7: 10, 8: 3})
+
+
+def test_the_controlling_terminal_is_read_from_the_stat_text():
+    # 34816 is pts/0 (136:0) as the kernel writes tty_nr; a name may hold spaces and ")".
+    assert terminal_of(SLEEPING_STAT) == os.makedev(136, 0)
+    assert terminal_of(RUNNING_STAT) == os.makedev(136, 0)
+    assert terminal_of("9 (daemon) S 1 9 9 0 -1") == 0
+    for garbage in ("", "9 (x", "9 (x) S 1"):
+        assert terminal_of(garbage) is None

@@ -38,7 +38,7 @@ def add_parser(sub, common) -> None:
     p = sub.add_parser("attach", parents=[common],
                        help="attach this terminal to a background process started with a "
                             "terminal (tty: true); the detach key leaves it running")
-    p.add_argument("id", help="process id, e.g. bg3")
+    p.add_argument("id", help="process id or name, e.g. bg3 or web")
     p.add_argument("--detach-key", default=DETACH_DEFAULT, metavar="KEY",
                    help="the key that detaches: ^X for Ctrl-X (default ^], Ctrl-])")
     p.set_defaults(func=cmd_attach)

@@ -10,7 +10,7 @@ from toolsd.cli.common import connect
 def add_parser(sub, common) -> None:
     p = sub.add_parser("kill", parents=[common],
                        help="stop a background process and everything it started")
-    p.add_argument("id", help="process id, e.g. bg3")
+    p.add_argument("id", help="process id or name, e.g. bg3 or web")
     p.add_argument("--grace", type=float, default=2.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL (default 2)")
     p.set_defaults(func=cmd_kill)

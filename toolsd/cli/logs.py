@@ -26,7 +26,7 @@ def add_parser(sub, common) -> None:
     p = sub.add_parser("logs", parents=[common],
                        help="print a background process's output (never moves the agent's "
                             "read mark)")
-    p.add_argument("id", help="process id, e.g. bg3")
+    p.add_argument("id", help="process id or name, e.g. bg3 or web")
     p.add_argument("-f", "--follow", action="store_true",
                    help="keep printing new output until the process ends (Ctrl-C stops)")
     p.add_argument("--since", type=int, default=0, metavar="N",

@@ -11,6 +11,7 @@ from toolsd.cli import (
     close_session,
     doctor,
     exec as exec_,
+    forward,
     image,
     kill,
     logs,
@@ -29,7 +30,7 @@ from toolsd.client import ToolsdError
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
 COMMANDS = (serve, status, doctor, open_session, exec_, start, close_session, image, ps, logs,
-            attach, kill, repl, agent_cli, mcp_server)
+            attach, kill, repl, forward, agent_cli, mcp_server)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,9 @@ def add_parser(sub, common) -> None:
     p.add_argument("--idle-timeout", type=duration, metavar="DURATION",
                    help="close a session after this long with no call and no running process "
                         "(90s, 30m, 2h, or seconds; default: never)")
+    p.add_argument("--forward-bind", action="append", default=[], metavar="ADDR",
+                   help="let port.forward listen on ADDR, not only on loopback (repeatable; "
+                        "default: loopback only)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log every request and sandbox step on stderr")
     p.set_defaults(func=cmd_serve)
@@ -65,6 +68,7 @@ def cmd_serve(args) -> int:
     path = socket_of(args)
     try:
         hidden, shown = daemon.hidden_and_shown(args.hide, args.show)
+        forward_binds = daemon.check_forward_binds(args.forward_bind)
     except ValueError as e:
         print(f"toolsd: {e}", file=sys.stderr)
         return 2
@@ -77,6 +81,7 @@ def cmd_serve(args) -> int:
         shown=shown,
         warm_spare=args.warm_spare,
         idle_timeout_s=args.idle_timeout,
+        forward_binds=forward_binds,
     )
     try:
         daemon.run(config)

@@ -7,7 +7,9 @@ lives once in core.py (ClientCore); the two clients only move bytes. Exceptions:
      └── ConnectionLost                the daemon closed the connection or could not be reached
 
 `call(method, **params)` returns the result map. The named helpers (`shell_run`, ...) are the
-same call with the contract's names; on AsyncClient they are awaited.
+same call with the contract's names; on AsyncClient they are awaited. A named helper refuses a
+keyword its method does not take with TypeError naming the nearest one (options.py), before
+anything is sent; `call` sends whatever it is given.
 
 Live output (protocol 1.1 "stream"): `call(..., on_event=fn)` (and so `shell_run(...,
 on_event=fn)`) asks for the request's events and calls `fn(event)` with each, in order, in the

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from toolsd.client.options import checked
 from toolsd.wire.events import Event
 from toolsd.wire.framing import FrameReader, encode_frame
 from toolsd.wire.protocol import DEFAULT_MAX_FRAME, ToolsdError
@@ -176,7 +177,8 @@ class Methods:
         return self.call("hello", client=client)
 
     def session_open(self, workspace: str, **options: Any):
-        return self.call("session.open", workspace=workspace, **options)
+        return self.call("session.open", workspace=workspace,
+                         **checked("session.open", options, "workspace"))
 
     def session_close(self, session: str):
         return self.call("session.close", session=session)
@@ -191,28 +193,42 @@ class Methods:
         return self.call("turn.end", session=session, turn=turn)
 
     def shell_run(self, session: str, command: str, **options: Any):
-        return self.call("shell.run", session=session, command=command, **options)
+        return self.call("shell.run", session=session, command=command,
+                         **checked("shell.run", options, "session", "command"))
 
     def repl_exec(self, session: str, turn: str, code: str, **options: Any):
-        return self.call("repl.exec", session=session, turn=turn, code=code, **options)
+        return self.call("repl.exec", session=session, turn=turn, code=code,
+                         **checked("repl.exec", options, "session", "turn", "code"))
 
     def process_start(self, session: str, command: str, **options: Any):
-        return self.call("process.start", session=session, command=command, **options)
+        return self.call("process.start", session=session, command=command,
+                         **checked("process.start", options, "session", "command"))
 
     def process_output(self, id: str, **options: Any):
-        return self.call("process.output", id=id, **options)
+        return self.call("process.output", id=id, **checked("process.output", options, "id"))
 
     def process_stop(self, id: str, **options: Any):
-        return self.call("process.stop", id=id, **options)
+        return self.call("process.stop", id=id, **checked("process.stop", options, "id"))
 
     def process_list(self, session: str | None = None):
         return self.call("process.list", **_params(session=session))
 
     def image_read(self, session: str, path: str, **options: Any):
-        return self.call("image.read", session=session, path=path, **options)
+        return self.call("image.read", session=session, path=path,
+                         **checked("image.read", options, "session", "path"))
 
     def process_write(self, id: str, data: str = "", **options: Any):
-        return self.call("process.write", id=id, data=data, **options)
+        return self.call("process.write", id=id, data=data,
+                         **checked("process.write", options, "id", "data"))
 
-    def process_resize(self, id: str, cols: int, rows: int):
-        return self.call("process.resize", id=id, cols=cols, rows=rows)
+    def port_forward(self, session: str, port: int, **options: Any):
+        """1.2 "ports": {host, port} of a listener carried to `port` inside the session."""
+        return self.call("port.forward", session=session, port=port,
+                         **checked("port.forward", options, "session", "port"))
+
+    def port_close(self, session: str, port: int):
+        return self.call("port.close", session=session, port=port)
+
+    def process_resize(self, id: str, cols: int, rows: int, session: str | None = None):
+        return self.call("process.resize", id=id, cols=cols, rows=rows,
+                         **_params(session=session))

@@ -19,6 +19,12 @@ import trio
 
 from toolsd.tools import images, processes, repl, shell
 from toolsd.tools.calls import Answer, Detached
+from toolsd.wire.ports import (
+    PortCloseParams,
+    PortCloseResult,
+    PortForwardParams,
+    PortForwardResult,
+)
 from toolsd.wire.process_input import (
     ProcessResizeParams,
     ProcessResizeResult,
@@ -107,7 +113,8 @@ async def session_close(sup: Supervisor, p: SessionParams) -> SessionCloseResult
 
 
 async def session_list(sup: Supervisor, p: SessionListParams) -> SessionListResult:
-    return SessionListResult(sessions=[s.info() for s in sup.open_sessions()])
+    return SessionListResult(sessions=[s.info(sup.forwards.info(s.id))
+                                       for s in sup.open_sessions()])
 
 
 async def turn_begin(sup: Supervisor, p: SessionParams) -> TurnBeginResult:
@@ -138,27 +145,37 @@ async def process_start(sup: Supervisor, p: ProcessStartParams) -> ProcessStartR
 
 async def process_output(sup: Supervisor, p: ProcessOutputParams,
                          answer: Answer) -> ProcessOutputResult:
-    proc = sup.process(p.id)
+    proc = sup.process(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.output(proc, p, answer))
 
 
 async def process_stop(sup: Supervisor, p: ProcessStopParams) -> ProcessStopResult:
-    proc = sup.process(p.id)
+    proc = sup.process(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.stop(proc, p))
 
 
 async def process_write(sup: Supervisor, p: ProcessWriteParams) -> ProcessWriteResult:
-    proc = sup.process(p.id)
+    proc = sup.process(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.write(proc, p))
 
 
 async def process_resize(sup: Supervisor, p: ProcessResizeParams) -> ProcessResizeResult:
-    proc = sup.process(p.id)
+    proc = sup.process(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.resize(proc, p))
+
+
+async def port_forward(sup: Supervisor, p: PortForwardParams) -> PortForwardResult:
+    with sup.session(p.session).call() as session:
+        return await session.reported(await sup.forwards.forward(session, p))
+
+
+async def port_close(sup: Supervisor, p: PortCloseParams) -> PortCloseResult:
+    with sup.session(p.session).call() as session:
+        return await session.reported(await sup.forwards.close(session, p.port))
 
 
 async def process_list(sup: Supervisor, p: ProcessListParams) -> ProcessListResult:
@@ -208,6 +225,8 @@ METHODS: Final[dict[str, Method]] = {
     "process.resize": Method(ProcessResizeParams, process_resize),
     "process.list": Method(ProcessListParams, process_list),
     "image.read": Method(ImageReadParams, image_read),
+    "port.forward": Method(PortForwardParams, port_forward),
+    "port.close": Method(PortCloseParams, port_close),
 }
 
 

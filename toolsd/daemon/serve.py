@@ -28,6 +28,7 @@ from toolsd.daemon.supervisor import Config, Supervisor
 from toolsd.sandbox import home
 from toolsd.sandbox import inotify
 from toolsd.sandbox.probe import probe_bwrap
+from toolsd.tools.ports import check_forward_binds  # noqa: F401 (for cli/serve.py)
 
 log = logging.getLogger("toolsd")
 

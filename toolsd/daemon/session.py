@@ -232,6 +232,7 @@ class Session:
         self._closing = True
         self.closed = True
         with trio.CancelScope(shield=True):
+            await self.supervisor.forwards.close_session(self.id)
             repls = 0
             how = f"ended: {self.ended_why}" if self.ended_why else "closed"
             closed = ToolsdError(SESSION_CLOSED, f"session {self.id} was {how}, which stops "
@@ -370,10 +371,10 @@ class Session:
     def remember_python(self, path: str) -> None:  # repl.python_executable
         self.python_exe = path
 
-    def info(self) -> SessionInfo:  # for session.list
+    def info(self, forwards=()) -> SessionInfo:  # for session.list, with its port.forward
         return SessionInfo(
             session=self.id, workspace=self.workspace, sandbox=self.sandbox_kind,
-            network=self.network, writable=self.writable,
+            network=self.network, writable=self.writable, forwards=list(forwards),
             processes=sum(1 for bg in self.processes.values() if bg.running),
             repls=sum(t.repl_count for t in self.turns.values()), opened_at=self.opened_at,
             alive=self.alive, host_exec=self.repositories.last_seen() or UNSET)

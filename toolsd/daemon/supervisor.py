@@ -23,6 +23,8 @@ from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state import StateDir
 from toolsd.sandbox import cgroups
 from toolsd.sandbox.policy import Limits
+from toolsd.tools import process_names
+from toolsd.tools.ports import PortForwards
 from toolsd.wire.protocol import (
     NOT_FOUND,
     SESSION_CLOSED,
@@ -49,6 +51,7 @@ class Config:
     warm_spare: bool = True  # keep a sandbox started ahead for the next session.open
     # Close sessions idle for this long (--idle-timeout; see activity.Activity); None: never.
     idle_timeout_s: float | None = None
+    forward_binds: tuple[str, ...] = ()  # port.forward's binds beyond loopback (--forward-bind)
 
 
 # Why recently ended sessions ended, kept for calls that still name them: at most this many.
@@ -69,6 +72,7 @@ class Supervisor:
         # "bgN" -> BackgroundProcess (alive or finished), in start order: add_process and
         # forget_process write it, and its session's registry with it.
         self.processes: dict[str, BackgroundProcess] = {}
+        self.forwards = PortForwards(config.forward_binds)  # every session's port.forward
         self.started_at = time.time()
         self.closing = False
         self.spares = SparePool(self)
@@ -179,11 +183,11 @@ class Supervisor:
 
     # ------------------------------------------------------------ background processes
 
-    def process(self, process_id: str) -> BackgroundProcess:
+    def process(self, process_id: str, session_id: str | None = None) -> BackgroundProcess:
+        """The process of that id, else of that name (process_names: the rule)."""
         proc = self.processes.get(process_id)
         if proc is None:
-            raise ToolsdError(NOT_FOUND, f"no background process {process_id!r}; "
-                              f"process.list shows the known ones")
+            return process_names.by_name(self.processes.values(), process_id, session_id)
         return proc
 
     def processes_of(self, session_id: str | None) -> list[BackgroundProcess]:

@@ -77,7 +77,15 @@ class Done(_Msg, tag="done"):
     job: int
 
 
-FromLauncher = Ready | Pong | Started | Failed | Exited | Done
+class Connected(_Msg, tag="connected"):
+    """A connect request's answer (port.forward; fds: the socket, connected or under way),
+    or its `error` with `errno` when the connect failed at once."""
+    n: int
+    error: str = ""
+    errno: int = 0
+
+
+FromLauncher = Ready | Pong | Started | Failed | Exited | Done | Connected
 # A datagram that is no message of ours (truncated, not JSON, an unknown op, a field of the
 # wrong type): dropped, as the launcher never sends one.
 UNREADABLE: Final = object()
@@ -107,6 +115,11 @@ def spawn_message(job: int, argv: list[str], cwd: str, env: Mapping[str, str],
 
 def ping_message(n: int) -> dict:
     return {"op": "ping", "n": n}
+
+
+def connect_message(n: int, port: int, family: int) -> dict:
+    """A connect to `port` on the sandbox's loopback, IPv4 or IPv6 (`family` 4 or 6)."""
+    return {"op": "connect", "n": n, "port": port, "family": family}
 
 
 def close_all(fds) -> None:

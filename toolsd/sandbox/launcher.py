@@ -20,8 +20,10 @@ import trio
 from driver import LAUNCHER_PY
 from toolsd.runtime import threads
 from toolsd.sandbox import proctree
-from toolsd.sandbox.channel import (Channel, Done, Exited, Failed, FromLauncher, Pong, Ready,
-                                    Started, close_all, ping_message, spawn_message)
+from toolsd.sandbox.channel import (Channel, Connected, Done, Exited, Failed, FromLauncher,
+                                    Pong, Ready, Started, close_all, connect_message,
+                                    ping_message, spawn_message)
+from toolsd.sandbox.connects import Connects
 from toolsd.sandbox.errors import LauncherDied, LauncherError, LauncherLimit
 from toolsd.sandbox.job import Job, JobState
 from toolsd.sandbox.wrapper import Wrapper, host_pid_of, kill_shims
@@ -63,6 +65,7 @@ class Launcher:
         self._jobs: dict[int, Job] = {}
         self._numbers = itertools.count(1)
         self._pongs: dict[int, trio.Event] = {}
+        self._connects = Connects()
         self._scope = trio.CancelScope()
         self._tasks_done = trio.Event()
         self._closing = False
@@ -182,6 +185,9 @@ class Launcher:
             if event is not None:
                 event.set()
             return
+        if isinstance(msg, Connected):
+            self._connects.answer(msg, fds)
+            return
         if not isinstance(msg, (Started, Failed, Exited, Done)):
             return  # unreadable, or a second `ready`
         job = self._jobs.get(msg.job)
@@ -236,6 +242,7 @@ class Launcher:
             job.launcher_died()
         for event in self._pongs.values():
             event.set()
+        self._connects.fail_all(reason)
 
     def gone_now(self) -> bool:
         """Whether the launcher or its wrapper has exited or is exiting, asked now: the reader
@@ -335,6 +342,17 @@ class Launcher:
         finally:
             self._pongs.pop(n, None)
         self._check_alive()
+
+    async def connect(self, port: int, family: int = 4) -> int:
+        """A non-blocking socket connected, or connecting, to `port` on the sandbox's
+        loopback (`family` 4: 127.0.0.1, 6: ::1), made inside its network namespace; the
+        caller's to close. connects.ConnectFailed if it failed at once or the launcher died."""
+        self._check_alive()
+        n = next(self._numbers)
+        with self._connects.expect(n) as waiter:
+            await self._send(connect_message(n, port, family))
+            await waiter.answered.wait()
+            return waiter.take()
 
     # ------------------------------------------------------------ closing
 

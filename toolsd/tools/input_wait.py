@@ -29,6 +29,7 @@ from toolsd.tools.waiting import (
     last_pid,
     poll_read_fds,
     select_read_fds,
+    terminal_of,
     waits_alone,
 )
 
@@ -38,6 +39,7 @@ LOOK_THREADS = 2
 # The number of a pty master's terminal: _IOR('T', 0x30, unsigned int), which Python's
 # termios does not name; the same on x86_64 and aarch64.
 TIOCGPTN = 0x80045430
+DEV_TTY = os.makedev(5, 0)  # /dev/tty
 
 
 class Tree(NamedTuple):
@@ -109,7 +111,10 @@ def _look(shim_pid: int, fd: int, terminal: bool, full: bool = True, *, first: i
             device = os.makedev(136 + number // 256, number % 256)  # UNIX98 pty slaves
 
             def is_input(pid: int, link: str, n: int) -> bool:
-                return os.stat(f"/proc/{pid}/fd/{n}").st_rdev == device
+                rdev = os.stat(f"/proc/{pid}/fd/{n}").st_rdev
+                # /dev/tty is whichever terminal controls the process: ours, or another.
+                return rdev == device or (rdev == DEV_TTY and terminal_of(
+                    _read(f"/proc/{pid}/stat")) == device)
             # Only the foreground group may read a terminal: its leader, if still there, is
             # the one a prompt is usually in.
             first = group

@@ -17,6 +17,7 @@ from toolsd.runtime import threads
 from toolsd.sandbox.jobs import signal_name, spawn_shell
 from toolsd.tools.background import CPU_THREADS, BackgroundProcess, remove_log
 from toolsd.tools import input_wait
+from toolsd.tools.process_names import check_name
 from toolsd.tools.capped_log import CappedLog
 from toolsd.tools.live import Follower
 from toolsd.tools.output import head_piece, tail_piece
@@ -69,6 +70,7 @@ async def start(supervisor: Supervisor, session: Session,
     session.check_open()
     if not p.command.strip():
         raise ToolsdError(BAD_PARAMS, "process.start: command is empty; give the command to run")
+    check_name(p.name)
     if session.nursery is None:
         raise ToolsdError(SESSION_CLOSED, f"session {session.id} is not running; open a new one")
     cwd = session.resolve_cwd(p.cwd)

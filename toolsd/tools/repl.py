@@ -71,6 +71,7 @@ from toolsd.sandbox.channel import Ready
 from toolsd.sandbox.jobs import end_tree, pump, spawn_with_pipe
 from toolsd.tools.interpreter import Interpreter, Sending
 from toolsd.tools.output import Ring
+from toolsd.tools.repl_memory import limit_interpreter
 from toolsd.tools.repl_run import Run, RunState
 from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
 
@@ -204,6 +205,7 @@ class Repl:
                 session.check_open()
                 interp = self._interp = await Interpreter.start(session, self.argv,
                                                                  self._late_feed)
+                limit_interpreter(interp.job.pid, self.language, session.limits.memory_mb)
                 if self.closed:
                     # The turn ended while the interpreter started: aclose did not see it.
                     await interp.kill()

@@ -80,6 +80,18 @@ def group_of(stat: str) -> int | None:
         return None
 
 
+def terminal_of(stat: str) -> int | None:
+    """The controlling terminal of a /proc/PID/stat text (`tty_nr`, a device number as
+    os.makedev makes it; 0 for none), None if unreadable. A descriptor of /dev/tty (device
+    5:0: ssh's, sudo's, getpass's prompts open it) reads that terminal."""
+    head, _, rest = stat.rpartition(")")
+    fields = rest.split(None, 5)
+    try:
+        return int(fields[4]) if head else None
+    except (IndexError, ValueError):
+        return None
+
+
 def last_pid(loadavg: str) -> str:
     """The last pid the kernel handed out, from a /proc/loadavg text: it moves on every
     process or thread made anywhere, so an unchanged one means no process is new since."""

@@ -15,7 +15,8 @@ TerminalSide = Annotated[int, Meta(ge=1, le=MAX_TERMINAL_SIDE)]
 
 
 class ProcessWriteParams(Struct):
-    id: str
+    id: str  # or the process's name (docs/protocol.md)
+    session: str | None = None  # where a name is looked for
     data: str = ""  # UTF-8 on the way in; control keys as characters ("\u0003": Ctrl-C)
     eof: bool = False  # after `data`: close the pipe, or Ctrl-D on a terminal
 
@@ -26,9 +27,10 @@ class ProcessWriteResult(Struct):
 
 
 class ProcessResizeParams(Struct):
-    id: str
+    id: str  # or the process's name (docs/protocol.md)
     cols: TerminalSide
     rows: TerminalSide
+    session: str | None = None  # where a name is looked for
 
 
 class ProcessResizeResult(Struct):

@@ -12,13 +12,14 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from toolsd.wire.ports import ForwardInfo
 from toolsd.wire.process_input import TerminalSide
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream")
+FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "ports")
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"
@@ -149,6 +150,7 @@ class SessionInfo(Struct):
     opened_at: float
     alive: bool = True  # 1.1: false once the session's sandbox died
     host_exec: HostExec = UNSET  # as of the session's last call
+    forwards: list[ForwardInfo] = []  # 1.2 "ports"
 
 
 class SessionListResult(Struct):
@@ -252,7 +254,8 @@ class ProcessStartResult(Struct):
 
 
 class ProcessOutputParams(Struct):
-    id: str
+    id: str  # or the process's name (docs/protocol.md)
+    session: str | None = None  # where a name is looked for
     since: Annotated[int, Meta(ge=0)] | None = None
     wait_s: NonNegSeconds = 0.0
     until: str | None = None
@@ -275,7 +278,8 @@ class ProcessOutputResult(Struct):
 
 
 class ProcessStopParams(Struct):
-    id: str
+    id: str  # or the process's name (docs/protocol.md)
+    session: str | None = None  # where a name is looked for
     grace_s: Annotated[float, Meta(ge=0, le=MAX_GRACE_S)] = 2.0
 
 
