@@ -1,7 +1,8 @@
 """`toolsd agent`: a coding agent at a terminal, on a model endpoint and a toolsd session.
 
     toolsd agent --model NAME [--base-url URL] [--api openai|anthropic] [--api-key-env NAME]
-                 [--workspace DIR] [--mode plan|ask|auto] [--max-steps N] [--continue]
+                 [--workspace DIR] [--mode plan|ask|auto] [--max-steps N] [--wall-time S]
+                 [--continue]
                  [--json] [PROMPT ...]
 
 With a PROMPT: one turn, then exit with its outcome (0 completed, 1 failed, 3
@@ -48,6 +49,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def add_parser(sub, common) -> None:
     p = sub.add_parser(
         "agent", parents=[common],
@@ -74,6 +85,10 @@ def add_parser(sub, common) -> None:
                         "run everything (default: ask)")
     p.add_argument("--max-steps", type=positive_int, default=20, metavar="N",
                    help="model requests per turn, then a final report (default: 20)")
+    p.add_argument("--wall-time", type=positive_seconds, default=1800.0, metavar="SECONDS",
+                   help="a turn's wall-clock budget: a model reply still coming then is cut "
+                        "off, no tool starts after it, the turn ends budget_exhausted "
+                        "(default: 1800)")
     p.add_argument("--context-tokens", type=positive_int, metavar="N",
                    help="the model's context window (default: known for hosted models, "
                         "else 32768)")
@@ -215,7 +230,8 @@ class Run:
                             self.agent = await Agent.open(
                                 self.workspace, self.model, mode=args.mode,
                                 approve=term.approve if args.mode == "ask" else None,
-                                config=AgentConfig(max_steps=args.max_steps),
+                                config=AgentConfig(max_steps=args.max_steps,
+                                                   wall_s=args.wall_time),
                                 socket=self.socket, resume="latest" if args.resume else None)
                         except (ToolsdError, ConversationError, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
