@@ -35,6 +35,7 @@ import msgspec
 import trio
 
 from agent.backend import SessionLost
+from agent.call_ids import call_ids, fresh_calls
 from agent.compaction import DoesNotFit, fit_history
 from agent.history import (
     AssistantMessage,
@@ -284,6 +285,10 @@ class TurnLoop:
                 raise
             self.streamed = None
             break
+        # Ids unique in the conversation: a server that numbers each reply's calls from 0
+        # repeats them, which Anthropic refuses (agent/call_ids.py).
+        reply = msgspec.structs.replace(reply, tool_calls=fresh_calls(
+            reply.tool_calls, call_ids(self.conversation.messages)))
         if fitted.summary is not None:
             self.conversation.insert(fitted.at, fitted.summary)
             self.log("compaction", summary=fitted.summary.text, at=fitted.at,
