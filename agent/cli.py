@@ -18,7 +18,9 @@ prints instead every event of the turn (the lines of its events.jsonl,
 agent/conversation.py) as JSON lines on stdout; questions stay on stderr.
 
 Ctrl-C during a turn cancels it (it ends `interrupted`: its command is ended, its REPLs too);
-a second Ctrl-C, one at the prompt, SIGTERM or SIGHUP exits. At exit the session ends, and
+a second Ctrl-C, SIGTERM or SIGHUP exits. At the prompt of a terminal, Ctrl-C clears what was
+typed, and on an empty line exits (agent/prompt_keys.py); Ctrl-D at an approval declines
+that call (the agent goes on, and reads the next prompt), on an empty prompt line it exits. At exit the session ends, and
 every background process with it. The daemon: agent/own_daemon.py; what is written while it
 runs: agent/terminal.py.
 
@@ -256,6 +258,8 @@ class Run:
             self.interrupt(signum)
 
     async def _turns(self, reader) -> int:
+        from agent.prompt_keys import ExitKey
+
         term, agent = self.term, self.agent
         if agent.backend.sandbox == "none":
             term.say("toolsd agent: WARNING: this machine cannot sandbox sessions (see `toolsd "
@@ -268,7 +272,10 @@ class Run:
         code = 0
         while True:
             if interactive:
-                prompt = await term.ask_prompt()
+                try:
+                    prompt = await term.ask_prompt()
+                except ExitKey:
+                    return EXIT_CODES["interrupted"]
                 if prompt is None:
                     return code
                 if not prompt.strip():
