@@ -63,7 +63,9 @@ def parse_arguments(call: ToolCall):
         return ToolOutcome(f"There is no tool {quoted(call.name)}; the tools are "
                            f"{', '.join(TOOL_NAMES)}.", is_error=True)
     try:
-        return msgspec.convert(call.arguments, kind)
+        # Not strict: a number sent as a string ("5", "2.5"), as models and MCP clients do,
+        # is read as the number; a string that is no number ("5s") is still an error.
+        return msgspec.convert(call.arguments, kind, strict=False)
     except msgspec.ValidationError as e:
         where = str(e).replace("`$.", "`").replace("`$`", "the arguments")
         return ToolOutcome(f"{call.name}: {where}", is_error=True)
