@@ -2,7 +2,7 @@
 
     toolsd agent --model NAME [--base-url URL] [--api openai|anthropic] [--api-key-env NAME]
                  [--workspace DIR] [--mode plan|ask|auto] [--max-steps N] [--wall-time S]
-                 [--continue]
+                 [--continue | --resume ID | --list]
                  [--json] [PROMPT ...]
 
 With a PROMPT: one turn, then exit with its outcome (0 completed, 1 failed, 3
@@ -70,7 +70,8 @@ def add_parser(sub, common) -> None:
                     "prompt per line (Ctrl-D ends). Ctrl-C cancels a turn, twice exits.")
     p.add_argument("prompt", nargs="*", metavar="PROMPT",
                    help="what to do (words are joined); none: read prompts, one per line")
-    p.add_argument("--model", required=True, help="the model's name at the endpoint")
+    p.add_argument("--model", help="the model's name at the endpoint (required but with "
+                                    "--list)")
     p.add_argument("--base-url", metavar="URL",
                    help="the API root, e.g. http://127.0.0.1:8080/v1 for a local server "
                         "(default: OpenAI's, or Anthropic's with --api anthropic)")
@@ -94,8 +95,14 @@ def add_parser(sub, common) -> None:
     p.add_argument("--context-tokens", type=positive_int, metavar="N",
                    help="the model's context window (default: known for hosted models, "
                         "else 32768)")
-    p.add_argument("--continue", dest="resume", action="store_true",
-                   help="go on with this workspace's latest conversation")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--continue", dest="latest", action="store_true",
+                       help="go on with this workspace's latest conversation")
+    which.add_argument("--resume", metavar="ID",
+                       help="go on with that conversation of this workspace (or a prefix "
+                            "of its id; --list shows them)")
+    which.add_argument("--list", action="store_true",
+                       help="list this workspace's conversations and exit")
     p.add_argument("--json", action="store_true",
                    help="print the turn's events as JSON lines instead of text")
     p.set_defaults(func=cmd_agent)
@@ -133,13 +140,26 @@ def cmd_agent(args) -> int:
         print(f"toolsd agent: {message}", file=sys.stderr)
         return code
 
+    workspace = os.path.abspath(args.workspace or os.getcwd())
+    if not os.path.isdir(workspace):
+        return fail(f"--workspace {workspace}: no such folder", 2)
+    from agent.conversation import ConversationStore
+    from agent.conversation_list import NoConversation, list_conversations, listing, pick
+
+    store = ConversationStore(workspace)
+    if args.list:
+        sys.stdout.write(listing(store, list_conversations(store)))
+        return 0
+    if not args.model:
+        return fail("--model NAME is required: the model's name at the endpoint", 2)
+    try:
+        args.resume = pick(store, args.resume, args.latest)
+    except NoConversation as e:
+        return fail(str(e), 2)
     try:
         model = make_model(args)
     except (UsageError, ModelError) as e:
         return fail(str(e), 2)
-    workspace = os.path.abspath(args.workspace or os.getcwd())
-    if not os.path.isdir(workspace):
-        return fail(f"--workspace {workspace}: no such folder", 2)
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):  # a terminal that cannot show a character: `?`
             stream.reconfigure(errors="replace")
@@ -234,7 +254,7 @@ class Run:
                                 approve=term.approve if args.mode == "ask" else None,
                                 config=AgentConfig(max_steps=args.max_steps,
                                                    wall_s=args.wall_time),
-                                socket=self.socket, resume="latest" if args.resume else None)
+                                socket=self.socket, resume=args.resume)
                         except (ToolsdError, ConversationError, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
                             code = 1
