@@ -13,7 +13,7 @@ from agent.results import ToolOutcome, quoted
 from agent.tools import TOOL_NAMES
 
 __all__ = ["ARGUMENTS", "parse_arguments", "RunTerminal", "Repl", "ProcessStart",
-           "ProcessOutput", "ProcessStop", "ReadImage"]
+           "ProcessOutput", "ProcessStop", "ProcessWrite", "ReadImage"]
 
 Positive = Annotated[float, Meta(gt=0)]
 
@@ -31,6 +31,13 @@ class Repl(msgspec.Struct, frozen=True):
 class ProcessStart(msgspec.Struct, frozen=True):
     command: str
     name: str = ""
+    tty: bool = False
+
+
+class ProcessWrite(msgspec.Struct, frozen=True):
+    id: str
+    data: str
+    eof: bool = False
 
 
 class ProcessOutput(msgspec.Struct, frozen=True):
@@ -49,7 +56,7 @@ class ReadImage(msgspec.Struct, frozen=True):
 
 ARGUMENTS = {"run_terminal": RunTerminal, "repl": Repl, "process_start": ProcessStart,
              "process_output": ProcessOutput, "process_stop": ProcessStop,
-             "read_image": ReadImage}
+             "read_image": ReadImage, "process_write": ProcessWrite}
 
 
 def parse_arguments(call: ToolCall):

@@ -61,6 +61,7 @@ TITLES = {
     "process_start": "Start a background process",
     "process_output": "Read a background process's output",
     "process_stop": "Stop a background process",
+    "process_write": "Type into a background process",
     "read_image": "Look at an image",
     REPL_RESET: "Reset the REPL",
 }
@@ -82,7 +83,8 @@ def add_parser(sub, common) -> None:
         "mcp", parents=[common],
         help="serve the agent's tools to an MCP client over stdio",
         description="An MCP server on stdin/stdout: run_terminal, repl, process_start, "
-                    "process_output, process_stop, read_image and repl_reset, in one "
+                    "process_output, process_write, process_stop, read_image and repl_reset, "
+                    "in one "
                     "sandboxed toolsd session that lasts as long as the connection.")
     p.add_argument("--workspace", metavar="DIR",
                    help="the folder the tools work in (default: the current one)")

@@ -93,6 +93,8 @@ def gist(name: str, arguments: dict[str, Any]) -> str:
         shown = (lines[0] if lines else "") + _more(lines)
         if name == "process_start" and a.get("name"):
             shown += f"  [{text('name')}]"
+        if name == "process_start" and a.get("tty") is True:
+            shown += "  (on a terminal)"
         return shown
     if name == "repl" and "code" in a:
         lines = _lines(text("code"))
@@ -103,6 +105,9 @@ def gist(name: str, arguments: dict[str, Any]) -> str:
         return text("id") + extra
     if name == "process_stop" and "id" in a:
         return text("id")
+    if name == "process_write" and "id" in a:
+        typed = json.dumps(a.get("data", ""), ensure_ascii=False)
+        return f"{text('id')} {typed}" + ("  eof" if a.get("eof") else "")
     if name == "read_image" and "path" in a:
         return text("path")
     return json.dumps(a, ensure_ascii=False) if a else ""
