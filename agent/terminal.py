@@ -159,9 +159,10 @@ class Terminal:
         self._end_text()
         tty = sys.stdin.isatty()
         while True:
-            if tty:
-                self._write(self.err, "> ")
+            # The keys first, then the prompt: a Ctrl-C typed once it shows ends the line.
             with ctrl_c_ends_line(sys.stdin.fileno()) as keys:
+                if tty:
+                    self._write(self.err, "> ")
                 line = await self.reader.readline(b"\n" + CTRL_C if keys else b"\n")
             if self.reader.ended_by != CTRL_C:
                 return line

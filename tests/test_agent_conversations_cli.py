@@ -10,7 +10,7 @@ import pytest
 
 import agentkit
 from agentkit import Place
-from conftest import needs_bwrap
+from conftest import needs_bwrap, wait_gone
 from model_server import ModelServer, openai_stream
 
 pytestmark = needs_bwrap
@@ -72,6 +72,7 @@ def test_list_shows_the_conversations_and_resume_takes_one(server, place, module
     assert done.returncode == 0, done.stderr
     assert said(server.requests[-1])[-3:] == ["remember red", "Noted: red.", "what colour?"]
     assert "'what colour?'" in agent(place, "--list").stdout.splitlines()[1]
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
 
 
 def test_resume_of_an_unknown_id_says_what_to_do(server, place):

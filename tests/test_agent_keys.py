@@ -74,6 +74,7 @@ def test_ctrl_d_at_a_question_declines_and_the_agent_waits_for_the_next_prompt(
     assert not os.path.exists(os.path.join(place.workspace, "asked"))
     assert tool_results(server.requests[1])[-1].startswith("Error: The user declined this call.")
     assert users(server.requests[2])[-1] == "are you there?"
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
 
 
 def test_ctrl_c_at_the_prompt_clears_the_line_and_on_an_empty_line_exits(
@@ -112,6 +113,7 @@ def test_a_declined_call_tells_the_model_why(server, place, module_daemon):
     assert ended(child) == 0
     assert tool_results(server.requests[1])[-1] == \
         "Error: The user declined this call, saying: use uv instead"
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])

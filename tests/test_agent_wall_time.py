@@ -12,7 +12,7 @@ import pytest
 
 import agentkit
 from agentkit import Place
-from conftest import needs_bwrap
+from conftest import needs_bwrap, wait_gone
 from model_server import ModelServer, openai_endless, openai_stream
 
 pytestmark = needs_bwrap
@@ -47,6 +47,7 @@ def test_a_reply_that_never_ends_is_cut_at_the_wall_time(server, place, module_d
         "[budget_exhausted] 1 step, 0 tool calls: the turn's wall-clock budget (2 s) was "
         "spent during request 1; the reply so far is kept")
     assert len(server.requests) == 1
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
 
 
 def test_the_cut_reply_is_kept_and_the_next_turn_goes_on_from_it(server, place,
@@ -66,6 +67,7 @@ def test_the_cut_reply_is_kept_and_the_next_turn_goes_on_from_it(server, place,
     assert said[-2][0] == "assistant" and said[-2][1].startswith("Half an answer.")
     assert said[-2][1].endswith("[cut off: the turn's wall-clock budget was spent]")
     assert said[-1] == ("user", "second")
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
 
 
 def test_wall_time_must_be_a_positive_number(server, place, module_daemon):

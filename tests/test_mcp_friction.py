@@ -11,7 +11,7 @@ import pytest
 
 import agentkit
 from agent.tools import TOOLS
-from conftest import RunningDaemon, needs_bwrap, short_tempdir
+from conftest import RunningDaemon, needs_bwrap, short_tempdir, wait_gone
 from test_mcp_server import connect, texts
 
 pytestmark = needs_bwrap
@@ -81,6 +81,7 @@ async def test_numbers_sent_as_strings_are_read_as_numbers(place, module_daemon)
     assert texts(read)[0].startswith("up\n")
     assert bad.is_error and texts(bad) == [
         "run_terminal: Expected `float`, got `str` - at `timeout_s`"]
+    assert wait_gone(module_daemon.running("sleep"), timeout=30) == []
 
 
 def test_the_agent_reads_numbers_sent_as_strings_too():
