@@ -20,9 +20,10 @@ agent/conversation.py) as JSON lines on stdout; questions stay on stderr.
 Ctrl-C during a turn cancels it (it ends `interrupted`: its command is ended, its REPLs too);
 a second Ctrl-C, SIGTERM or SIGHUP exits. At the prompt of a terminal, Ctrl-C clears what was
 typed, and on an empty line exits (agent/prompt_keys.py); Ctrl-D at an approval declines
-that call (the agent goes on, and reads the next prompt), on an empty prompt line it exits. At exit the session ends, and
-every background process with it. The daemon: agent/own_daemon.py; what is written while it
-runs: agent/terminal.py.
+that call (the agent goes on, and reads the next prompt), on an empty prompt line it exits.
+At exit the session ends, and every background process with it. The daemon:
+agent/own_daemon.py; what is written while it runs: agent/terminal.py. `--list`, `--resume`
+and `--continue`: agent/conversation_list.py.
 
 Only argparse is imported with this module (it is registered on every `toolsd` command line);
 the agent's modules are imported when the command runs.

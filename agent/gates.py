@@ -23,8 +23,8 @@ from agent.history import ToolCall
 from agent.shell_writes import shell_write
 from agent.tools import READ_ONLY, spec
 
-__all__ = ["Mode", "Gate", "Decision", "Declined", "Approver", "shell_write", "python_write", "node_write",
-           "plan_refusal"]
+__all__ = ["Mode", "Gate", "Decision", "Declined", "Approver", "shell_write", "python_write",
+           "node_write", "plan_refusal"]
 
 
 class Mode(enum.Enum):
