@@ -119,7 +119,7 @@ def test_a_declined_call_tells_the_model_why(server, place, module_daemon):
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
 def test_after_the_daemon_restarts_the_next_prompt_runs(server, place, how):
     root = short_tempdir()
-    daemon = RunningDaemon(root).start()
+    daemon = RunningDaemon(root, warm_spare=True).start()
     try:
         server.push(openai_stream(calls=[Call("run_terminal", {"command": "echo one"})]),
                     openai_stream(text="first done"),
