@@ -13,7 +13,7 @@ from agent.results import ToolOutcome, quoted
 from agent.tools import TOOL_NAMES
 
 __all__ = ["ARGUMENTS", "parse_arguments", "RunTerminal", "Repl", "ProcessStart",
-           "ProcessOutput", "ProcessStop", "ReadImage"]
+           "ProcessOutput", "ProcessStop", "ProcessWrite", "ReadImage"]
 
 Positive = Annotated[float, Meta(gt=0)]
 
@@ -31,6 +31,13 @@ class Repl(msgspec.Struct, frozen=True):
 class ProcessStart(msgspec.Struct, frozen=True):
     command: str
     name: str = ""
+    tty: bool = False
+
+
+class ProcessWrite(msgspec.Struct, frozen=True):
+    id: str
+    data: str
+    eof: bool = False
 
 
 class ProcessOutput(msgspec.Struct, frozen=True):
@@ -49,7 +56,7 @@ class ReadImage(msgspec.Struct, frozen=True):
 
 ARGUMENTS = {"run_terminal": RunTerminal, "repl": Repl, "process_start": ProcessStart,
              "process_output": ProcessOutput, "process_stop": ProcessStop,
-             "read_image": ReadImage}
+             "read_image": ReadImage, "process_write": ProcessWrite}
 
 
 def parse_arguments(call: ToolCall):
@@ -63,7 +70,9 @@ def parse_arguments(call: ToolCall):
         return ToolOutcome(f"There is no tool {quoted(call.name)}; the tools are "
                            f"{', '.join(TOOL_NAMES)}.", is_error=True)
     try:
-        return msgspec.convert(call.arguments, kind)
+        # Not strict: a number sent as a string ("5", "2.5"), as models and MCP clients do,
+        # is read as the number; a string that is no number ("5s") is still an error.
+        return msgspec.convert(call.arguments, kind, strict=False)
     except msgspec.ValidationError as e:
         where = str(e).replace("`$.", "`").replace("`$`", "the arguments")
         return ToolOutcome(f"{call.name}: {where}", is_error=True)

@@ -29,17 +29,11 @@ from typing import Any
 import msgspec
 import trio
 
-from agent.arguments import (
-    ProcessOutput,
-    ProcessStart,
-    ProcessStop,
-    ReadImage,
-    Repl,
-    RunTerminal,
-    parse_arguments,
-)
+from agent.arguments import (ProcessOutput, ProcessStart, ProcessStop, ReadImage, Repl,
+                             RunTerminal, parse_arguments)
 from agent.history import ImageRef, LoadedImage, ToolCall
 from agent.keeper import Gone, Keeper, SessionLost
+from agent.process_input import ProcessInput
 from agent.providers import image_limits, within_request
 from agent.results import (
     NOTES_ROOM,
@@ -65,7 +59,7 @@ UNTIL_WAIT_S = 30.0  # process_output's wait when only `until` is given
 IMAGE_ERRORS = ("not_found", "not_an_image", "image_too_large", "limit_exceeded")
 
 
-class Backend:
+class Backend(ProcessInput):
     """See the module docstring. Made by `Backend.open`; the turn loop and `toolsd mcp` both
     drive it: `begin_turn`, `call` per tool call, `load_images` for a request, `end_turn`,
     `aclose`."""
@@ -289,10 +283,9 @@ class Backend:
 
     async def _process_start(self, a: ProcessStart) -> ToolOutcome:
         command, where = self._in_cwd(a.command)
-        r = await self._ask("process_start", self.session, command, name=a.name, **where)
-        self.processes[r["id"]] = a.command
-        return ToolOutcome(f"Started {r['id']}. Read its output with process_output, stop it "
-                           f"with process_stop; it keeps running until then.")
+        r = await self._ask("process_start", self.session, command, name=a.name, **where,
+                            **self._input_options(a))
+        return self._started(r, a)  # agent/process_input.py
 
     def _unknown(self, pid: str) -> ToolOutcome | None:
         if pid in self.processes:
@@ -316,7 +309,8 @@ class Backend:
             return refusal
         wait_s = a.wait_s if a.wait_s is not None else (UNTIL_WAIT_S if a.until else 0.0)
         params: dict[str, Any] = {"wait_s": min(wait_s, MAX_WAIT_S),
-                                  "max_output_chars": RESULT_CHARS - NOTES_ROOM}
+                                  "max_output_chars": RESULT_CHARS - NOTES_ROOM,
+                                  **self._output_options(a.id)}
         if a.until is not None:
             params["until"] = a.until
         try:

@@ -1,7 +1,8 @@
 """`toolsd agent`: a coding agent at a terminal, on a model endpoint and a toolsd session.
 
     toolsd agent --model NAME [--base-url URL] [--api openai|anthropic] [--api-key-env NAME]
-                 [--workspace DIR] [--mode plan|ask|auto] [--max-steps N] [--continue]
+                 [--workspace DIR] [--mode plan|ask|auto] [--max-steps N] [--wall-time S]
+                 [--continue | --resume ID | --list]
                  [--json] [PROMPT ...]
 
 With a PROMPT: one turn, then exit with its outcome (0 completed, 1 failed, 3
@@ -17,9 +18,12 @@ prints instead every event of the turn (the lines of its events.jsonl,
 agent/conversation.py) as JSON lines on stdout; questions stay on stderr.
 
 Ctrl-C during a turn cancels it (it ends `interrupted`: its command is ended, its REPLs too);
-a second Ctrl-C, one at the prompt, SIGTERM or SIGHUP exits. At exit the session ends, and
-every background process with it. The daemon: agent/own_daemon.py; what is written while it
-runs: agent/terminal.py.
+a second Ctrl-C, SIGTERM or SIGHUP exits. At the prompt of a terminal, Ctrl-C clears what was
+typed, and on an empty line exits (agent/prompt_keys.py); Ctrl-D at an approval declines
+that call (the agent goes on, and reads the next prompt), on an empty prompt line it exits.
+At exit the session ends, and every background process with it. The daemon:
+agent/own_daemon.py; what is written while it runs: agent/terminal.py. `--list`, `--resume`
+and `--continue`: agent/conversation_list.py.
 
 Only argparse is imported with this module (it is registered on every `toolsd` command line);
 the agent's modules are imported when the command runs.
@@ -48,6 +52,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def add_parser(sub, common) -> None:
     p = sub.add_parser(
         "agent", parents=[common],
@@ -57,7 +71,8 @@ def add_parser(sub, common) -> None:
                     "prompt per line (Ctrl-D ends). Ctrl-C cancels a turn, twice exits.")
     p.add_argument("prompt", nargs="*", metavar="PROMPT",
                    help="what to do (words are joined); none: read prompts, one per line")
-    p.add_argument("--model", required=True, help="the model's name at the endpoint")
+    p.add_argument("--model", help="the model's name at the endpoint (required but with "
+                                    "--list)")
     p.add_argument("--base-url", metavar="URL",
                    help="the API root, e.g. http://127.0.0.1:8080/v1 for a local server "
                         "(default: OpenAI's, or Anthropic's with --api anthropic)")
@@ -74,11 +89,21 @@ def add_parser(sub, common) -> None:
                         "run everything (default: ask)")
     p.add_argument("--max-steps", type=positive_int, default=20, metavar="N",
                    help="model requests per turn, then a final report (default: 20)")
+    p.add_argument("--wall-time", type=positive_seconds, default=1800.0, metavar="SECONDS",
+                   help="a turn's wall-clock budget: a model reply still coming then is cut "
+                        "off, no tool starts after it, the turn ends budget_exhausted "
+                        "(default: 1800)")
     p.add_argument("--context-tokens", type=positive_int, metavar="N",
                    help="the model's context window (default: known for hosted models, "
                         "else 32768)")
-    p.add_argument("--continue", dest="resume", action="store_true",
-                   help="go on with this workspace's latest conversation")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--continue", dest="latest", action="store_true",
+                       help="go on with this workspace's latest conversation")
+    which.add_argument("--resume", metavar="ID",
+                       help="go on with that conversation of this workspace (or a prefix "
+                            "of its id; --list shows them)")
+    which.add_argument("--list", action="store_true",
+                       help="list this workspace's conversations and exit")
     p.add_argument("--json", action="store_true",
                    help="print the turn's events as JSON lines instead of text")
     p.set_defaults(func=cmd_agent)
@@ -116,13 +141,26 @@ def cmd_agent(args) -> int:
         print(f"toolsd agent: {message}", file=sys.stderr)
         return code
 
+    workspace = os.path.abspath(args.workspace or os.getcwd())
+    if not os.path.isdir(workspace):
+        return fail(f"--workspace {workspace}: no such folder", 2)
+    from agent.conversation import ConversationStore
+    from agent.conversation_list import NoConversation, list_conversations, listing, pick
+
+    store = ConversationStore(workspace)
+    if args.list:
+        sys.stdout.write(listing(store, list_conversations(store)))
+        return 0
+    if not args.model:
+        return fail("--model NAME is required: the model's name at the endpoint", 2)
+    try:
+        args.resume = pick(store, args.resume, args.latest)
+    except NoConversation as e:
+        return fail(str(e), 2)
     try:
         model = make_model(args)
     except (UsageError, ModelError) as e:
         return fail(str(e), 2)
-    workspace = os.path.abspath(args.workspace or os.getcwd())
-    if not os.path.isdir(workspace):
-        return fail(f"--workspace {workspace}: no such folder", 2)
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):  # a terminal that cannot show a character: `?`
             stream.reconfigure(errors="replace")
@@ -215,8 +253,9 @@ class Run:
                             self.agent = await Agent.open(
                                 self.workspace, self.model, mode=args.mode,
                                 approve=term.approve if args.mode == "ask" else None,
-                                config=AgentConfig(max_steps=args.max_steps),
-                                socket=self.socket, resume="latest" if args.resume else None)
+                                config=AgentConfig(max_steps=args.max_steps,
+                                                   wall_s=args.wall_time),
+                                socket=self.socket, resume=args.resume)
                         except (ToolsdError, ConversationError, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
                             code = 1
@@ -240,6 +279,8 @@ class Run:
             self.interrupt(signum)
 
     async def _turns(self, reader) -> int:
+        from agent.prompt_keys import ExitKey
+
         term, agent = self.term, self.agent
         if agent.backend.sandbox == "none":
             term.say("toolsd agent: WARNING: this machine cannot sandbox sessions (see `toolsd "
@@ -252,7 +293,10 @@ class Run:
         code = 0
         while True:
             if interactive:
-                prompt = await term.ask_prompt()
+                try:
+                    prompt = await term.ask_prompt()
+                except ExitKey:
+                    return EXIT_CODES["interrupted"]
                 if prompt is None:
                     return code
                 if not prompt.strip():

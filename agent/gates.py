@@ -23,8 +23,8 @@ from agent.history import ToolCall
 from agent.shell_writes import shell_write
 from agent.tools import READ_ONLY, spec
 
-__all__ = ["Mode", "Gate", "Decision", "Approver", "shell_write", "python_write", "node_write",
-           "plan_refusal"]
+__all__ = ["Mode", "Gate", "Decision", "Declined", "Approver", "shell_write", "python_write",
+           "node_write", "plan_refusal"]
 
 
 class Mode(enum.Enum):
@@ -33,7 +33,13 @@ class Mode(enum.Enum):
     AUTO = "auto"
 
 
-Answer = bool | Literal["always"]
+class Declined(msgspec.Struct, frozen=True):
+    """A person's no with their reason, which the model is told."""
+
+    reason: str
+
+
+Answer = bool | Literal["always"] | Declined
 Approver = Callable[[ToolCall], Awaitable[Answer]]
 
 
@@ -72,7 +78,10 @@ class Gate:
         answer = await self.approve(call)
         if answer == "always":
             self.always.add(call.name)
-        if answer:
+        if isinstance(answer, Declined) and answer.reason:
+            return Decision(False, f"The user declined this call, saying: {answer.reason}",
+                            asked=True)
+        if answer and not isinstance(answer, Declined):
             return Decision(True, asked=True)
         return Decision(False, "The user declined this call. Ask them, or do something else.",
                         asked=True)

@@ -121,6 +121,29 @@ class Keeper:
         self._saw_host_exec(r.get("host_exec"))
         return r
 
+    async def check(self) -> None:
+        """Before a call that has no turn to begin first (`toolsd mcp`'s): a session found
+        lost now (the daemon restarted or forgot it, its sandbox died) is replaced before the
+        call is sent, so that the call runs in the fresh one, the model told with its result
+        (`take_notes`), instead of being cut by the loss. Raises SessionLost as `replace`."""
+        try:
+            listed = (await self.client.session_list())["sessions"]
+        except ToolsdError as e:
+            if not lost(e):
+                raise
+            gone = Gone(self.id, e)
+        else:
+            mine = next((s for s in listed if s.get("session") == self.id), None)
+            if mine is not None and mine.get("alive", True):
+                return
+            gone = Gone(self.id, ToolsdError("session_closed", (
+                f"session {self.id}'s sandbox has died" if mine is not None else
+                f"toolsd no longer has session {self.id} (closed, or the daemon restarted)")))
+        first = gone.session not in self._lost
+        told = await self.replace(gone)
+        if first:
+            self.note(told)
+
     def take_notes(self) -> list[str]:
         """What the model is to be told besides a result (host_exec, a session replaced),
         once: the caller puts it where the model reads it."""

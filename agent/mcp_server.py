@@ -4,7 +4,8 @@
 
 The client starts it as a subprocess and speaks MCP (JSON-RPC lines) on its stdin and stdout.
 
-- The six tools of agent/tools.py, with their schemas and descriptions as they are, run by
+- The tools of agent/tools.py, with their schemas and descriptions as they are (but the
+  repl's, whose state lasts until `repl_reset` here: MCP_DESCRIPTIONS), run by
   the backend `toolsd agent` uses (agent/backend.py): the same results (at most 4,000
   characters, the bracketed notes, a cut output kept whole in a file, `cd` carried over, only
   the process ids this connection started). `read_image` answers with its text and the
@@ -12,6 +13,9 @@ The client starts it as a subprocess and speaks MCP (JSON-RPC lines) on its stdi
 - `repl_reset`: the REPL's state lasts as long as the connection (one toolsd turn); this
   ends its interpreters, and the next `repl` call starts fresh.
 - `repl` answers with the figures its code made as MCP image content after its text.
+- Before each call the session is looked at (Keeper.check): one lost since the last call
+  (the daemon restarted, its sandbox died) is replaced first, and the call runs in the fresh
+  one, its result saying what was lost. Numbers sent as strings ("5") are read as numbers.
 - What the backend tells the model besides a result (what the host's git would run, a lost
   session replaced by a fresh one) comes in the next result's text; both are logged to
   stderr as warnings for the person who reads the client's log.
@@ -57,8 +61,17 @@ TITLES = {
     "process_start": "Start a background process",
     "process_output": "Read a background process's output",
     "process_stop": "Stop a background process",
+    "process_write": "Type into a background process",
     "read_image": "Look at an image",
     REPL_RESET: "Reset the REPL",
+}
+# Where a tool's description as the agent has it is not true under MCP: the REPL's state
+# lasts the connection (one toolsd turn), not a turn of the agent.
+MCP_DESCRIPTIONS = {
+    "repl": (
+        "Run code in an interpreter that stays alive between calls: variables, imports and "
+        "loaded data persist until repl_reset (or the end of the connection), so load once "
+        "and query many times. The value of a last expression is shown."),
 }
 HOST_EXEC_LOGGED = 10  # warning lines of one report; a flood is counted past them
 INSTALL_HINT = ("the MCP SDK is not installed: pip install 'toolsd[mcp]' (or pip install "
@@ -70,7 +83,8 @@ def add_parser(sub, common) -> None:
         "mcp", parents=[common],
         help="serve the agent's tools to an MCP client over stdio",
         description="An MCP server on stdin/stdout: run_terminal, repl, process_start, "
-                    "process_output, process_stop, read_image and repl_reset, in one "
+                    "process_output, process_write, process_stop, read_image and repl_reset, "
+                    "in one "
                     "sandboxed toolsd session that lasts as long as the connection.")
     p.add_argument("--workspace", metavar="DIR",
                    help="the folder the tools work in (default: the current one)")
@@ -214,7 +228,8 @@ class ToolHost:
 
         from agent.tools import TOOLS
 
-        listed = [Tool(name=t.name, description=t.description, input_schema=t.parameters,
+        listed = [Tool(name=t.name, description=MCP_DESCRIPTIONS.get(t.name, t.description),
+                       input_schema=t.parameters,
                        annotations=ToolAnnotations(**annotations(t.name, t.read_only)))
                   for t in TOOLS]
         listed.append(Tool(name=REPL_RESET, description=REPL_RESET_DESCRIPTION,
@@ -229,17 +244,25 @@ class ToolHost:
 
         from agent.backend import SessionLost
         from agent.history import ToolCall
+        from agent.results import quoted
+        from agent.tools import TOOL_NAMES, spec
         from toolsd.client import ToolsdError
 
         def text(s: str, is_error: bool = False) -> CallToolResult:
             return CallToolResult(content=[TextContent(type="text", text=s)], is_error=is_error)
 
         try:
+            # A session lost since the last call is replaced first: this call runs.
+            await self.backend.keeper.check()
             if name == REPL_RESET:
                 ended = await self.backend.reset_turn()
                 return text("\n".join([f"The REPL was reset ({ended} interpreter(s) ended): the "
                                        f"next repl call starts fresh.",
                                        *self.backend.take_notes()]))
+            if spec(name) is None:
+                names = ", ".join([*TOOL_NAMES, REPL_RESET])
+                return text(f"There is no tool {quoted(name)}; the tools are {names}.",
+                            is_error=True)
             call = ToolCall(id="mcp", name=name, arguments=arguments)
             decision = await self.gate.check(call)
             if not decision.allowed:

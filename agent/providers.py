@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agent.call_ids import unique_call_ids
 from agent.history import (
     AssistantMessage,
     ImageRef,
@@ -104,6 +105,10 @@ def arguments_json(call: ToolCall) -> str:
 
 
 def _canonical(messages: list[Message]) -> list[Message]:
+    return unique_call_ids(_ordered(messages))
+
+
+def _ordered(messages: list[Message]) -> list[Message]:
     out: list[Message] = []
     i = 0
     while i < len(messages):
@@ -136,7 +141,7 @@ def _canonical(messages: list[Message]) -> list[Message]:
             # Results that answer no call of this message cannot be sent as results (every
             # provider refuses an unknown call id); the model still reads them as text.
             out.extend(_orphan(r) for r in results.values())
-            out.extend(_canonical(attachments))
+            out.extend(_ordered(attachments))
         elif isinstance(m, ToolResult):
             out.append(_orphan(m))
         else:

@@ -121,7 +121,8 @@ def process_text(r: dict) -> str:
     notes = []
     if r["dropped_bytes"]:
         notes.append(f"{r['dropped_bytes']} older bytes were no longer kept")
-    notes.append(f"{r['id']} {status_words(r)}")
+    waiting = ", waiting for input (process_write)" if r.get("waiting_for_input") else ""
+    notes.append(f"{r['id']} {status_words(r)}{waiting}")
     return compose(r["output"] or "(no new output)", notes)
 
 

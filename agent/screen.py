@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 
+from agent.gates import Declined
+
 __all__ = ["Glyphs", "UNICODE", "ASCII", "glyphs_for", "call_line", "result_line",
            "outcome_line", "spinner_line", "approval_question", "read_answer", "clip",
            "printable", "host_exec_lines", "replaced_line"]
@@ -91,6 +93,8 @@ def gist(name: str, arguments: dict[str, Any]) -> str:
         shown = (lines[0] if lines else "") + _more(lines)
         if name == "process_start" and a.get("name"):
             shown += f"  [{text('name')}]"
+        if name == "process_start" and a.get("tty") is True:
+            shown += "  (on a terminal)"
         return shown
     if name == "repl" and "code" in a:
         lines = _lines(text("code"))
@@ -101,6 +105,9 @@ def gist(name: str, arguments: dict[str, Any]) -> str:
         return text("id") + extra
     if name == "process_stop" and "id" in a:
         return text("id")
+    if name == "process_write" and "id" in a:
+        typed = json.dumps(a.get("data", ""), ensure_ascii=False)
+        return f"{text('id')} {typed}" + ("  eof" if a.get("eof") else "")
     if name == "read_image" and "path" in a:
         return text("path")
     return json.dumps(a, ensure_ascii=False) if a else ""
@@ -188,11 +195,16 @@ def approval_question(name: str, arguments: dict[str, Any], width: int,
     shown = ""
     if isinstance(whole, str) and len(whole) > width - 4 or "\n" in str(whole or ""):
         shown = "".join(f"    {line}\n" for line in printable(str(whole)).splitlines())
-    return f"{shown}  Run it? [y]es / [n]o / [a]lways for {name}: "
+    return f"{shown}  Run it? [y]es / [n]o (or n, and why) / [a]lways for {name}: "
 
 
-def read_answer(text: str) -> bool | str | None:
-    """A person's answer: True, False, "always", or None when it is none of them."""
+# "n", "no", then what to tell the model: "n use uv", "no: not on main", "n - too slow".
+_NO_BECAUSE = re.compile(r"(?is)(?:no|n)(?:\s*[:,;.\-]\s*|\s+)(\S.*)")
+
+
+def read_answer(text: str) -> bool | str | Declined | None:
+    """A person's answer: True, False, "always", a Declined with the reason given after a
+    no, or None when it is none of them."""
     word = text.strip().lower()
     if word in ("y", "yes"):
         return True
@@ -200,4 +212,7 @@ def read_answer(text: str) -> bool | str | None:
         return False
     if word in ("a", "always"):
         return "always"
+    because = _NO_BECAUSE.fullmatch(printable(text.strip()))
+    if because:
+        return Declined(reason=because.group(1).strip())
     return None

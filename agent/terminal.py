@@ -17,6 +17,7 @@ import sys
 import msgspec
 import trio
 
+from agent.prompt_keys import CTRL_C, ExitKey, ctrl_c_ends_line
 from agent.screen import (
     approval_question,
     call_line,
@@ -152,10 +153,23 @@ class Terminal:
     # ------------------------------------------------------------ reading
 
     async def ask_prompt(self) -> str | None:
+        """The next prompt: its text, or None at the end of input (Ctrl-D on an empty
+        line). On a terminal, Ctrl-C on a line with text clears it and asks again; on an
+        empty line it raises ExitKey (agent/prompt_keys.py)."""
         self._end_text()
-        if sys.stdin.isatty():
-            self._write(self.err, "> ")
-        return await self.reader.readline()
+        tty = sys.stdin.isatty()
+        while True:
+            # The keys first, then the prompt: a Ctrl-C typed once it shows ends the line.
+            with ctrl_c_ends_line(sys.stdin.fileno()) as keys:
+                if tty:
+                    self._write(self.err, "> ")
+                line = await self.reader.readline(b"\n" + CTRL_C if keys else b"\n")
+            if self.reader.ended_by != CTRL_C:
+                return line
+            self._write(self.err, "\n")  # the kernel echoed `^C`
+            if not line.strip():
+                raise ExitKey
+            self.say("  (line cleared; Ctrl-C on an empty line, or Ctrl-D, exits)")
 
     async def approve(self, call):
         """Ask mode: y, n, or always for this tool. The end of input declines."""
@@ -166,13 +180,14 @@ class Terminal:
             self._write(self.err, question)
             line = await self.reader.readline()
             if line is None:
-                self.say("  (end of input: declined)")
+                self.say("  (Ctrl-D: declined)" if sys.stdin.isatty()
+                         else "  (end of input: declined)")
                 return False
             answer = read_answer(line)
             if answer is not None:
                 break
-            self._write(self.err, "  Answer y, n or a.\n")
-        if answer:
+            self._write(self.err, "  Answer y, n (or n and why: n use uv instead) or a.\n")
+        if answer is True or answer == "always":
             self._start_spinner(call.name)
         return answer
 

@@ -1,6 +1,6 @@
-"""The six tools a model sees. Their schemas ride on every request (in the cached prefix, but
+"""The seven tools a model sees. Their schemas ride on every request (in the cached prefix, but
 paid on each turn), so each word here earns its place; tests/test_agent_tools.py prints their
-size and keeps it under 900 tokens.
+size and keeps it within its budget.
 
 Names and arguments are fixed by the issue (15) and shared with `toolsd mcp`; the backend that
 runs them is agent/backend.py, which reads their arguments with agent/arguments.py.
@@ -54,7 +54,13 @@ TOOLS: list[ToolSpec] = [
             "Start a long-running command in the background (a server, a watcher, a long "
             "build). It keeps running across turns. Returns its id for process_output and "
             "process_stop. `name`: an optional label for the person watching (toolsd ps)."),
-        parameters=_schema(["command"], command={"type": "string"}, name={"type": "string"}),
+        parameters=_schema(
+            ["command"],
+            command={"type": "string"},
+            name={"type": "string"},
+            tty={"type": "boolean", "description": "Run it on a terminal, to answer its "
+                                                   "prompts with process_write."},
+        ),
     ),
     ToolSpec(
         name="process_output",
@@ -69,6 +75,15 @@ TOOLS: list[ToolSpec] = [
             until={"type": "string"},
         ),
         read_only=True,
+    ),
+    ToolSpec(
+        name="process_write",
+        description=(
+            "Type into a background process started with tty: its input, as keys (\\n ends "
+            "a line, \\u0003 is Ctrl-C); eof sends Ctrl-D. Read what it says with "
+            "process_output."),
+        parameters=_schema(["id", "data"], id={"type": "string"}, data={"type": "string"},
+                           eof={"type": "boolean"}),
     ),
     ToolSpec(
         name="process_stop",

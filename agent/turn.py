@@ -6,9 +6,11 @@ model answers without asking for tools. It is bounded and supervised (seed 002):
 
 - at most `max_steps` model requests; when they are spent with work left, one bounded
   final-report request (no tool runs after it), and the turn ends `budget_exhausted`;
-- a wall-clock budget, checked before each model request and each tool call: once spent, no
-  further request is made and no further tool runs (the calls left get a notice), what was
-  produced is kept, and the turn ends `budget_exhausted`;
+- a wall-clock budget, checked before each model request and each tool call, and binding
+  during a model request (its reply is cut off at the deadline, however steadily it
+  streams): once spent, no further request is made and no further tool runs (the calls
+  left get a notice), what was produced is kept (a cut reply as far as it came, marked),
+  and the turn ends `budget_exhausted`;
 - the same tool with the exact same arguments runs at most `duplicate_runs` times in a turn;
   later calls get a notice instead of a result;
 - after `nudge_after` tool calls, the model is told once to finish;
@@ -33,6 +35,7 @@ import msgspec
 import trio
 
 from agent.backend import SessionLost
+from agent.call_ids import call_ids, fresh_calls
 from agent.compaction import DoesNotFit, fit_history
 from agent.history import (
     AssistantMessage,
@@ -98,6 +101,12 @@ OUT_OF_TIME = ("[Not run: the turn's wall-clock budget ({wall_s:g} s) is spent, 
                "run in this turn.]")
 INTERRUPTED = "[interrupted by the user]"
 INTERRUPTED_EARLY = "[interrupted by the user before any reply]"
+CUT_BY_TIME = "[cut off: the turn's wall-clock budget was spent]"
+CUT_BY_TIME_EARLY = "[the turn's wall-clock budget was spent before any reply]"
+
+
+class OutOfTime(Exception):
+    """A model request was still going when the turn's wall-clock budget ran out."""
 
 
 class Turn:
@@ -180,7 +189,10 @@ class TurnLoop:
                 turn.end(Outcome.INTERRUPTED, "cancelled")
                 self.keep_interrupted()
                 raise
-            if isinstance(e, DoesNotFit):
+            if isinstance(e, OutOfTime):
+                turn.end(Outcome.BUDGET_EXHAUSTED, str(e))
+                self.keep_interrupted(CUT_BY_TIME, CUT_BY_TIME_EARLY, stop="budget")
+            elif isinstance(e, DoesNotFit):
                 turn.end(Outcome.FAILED, f"context: {e}; the conversation is kept as it was")
             elif isinstance(e, (ModelError, SessionLost)):
                 turn.end(Outcome.FAILED, str(e))  # one line for a person: what to check
@@ -200,8 +212,10 @@ class TurnLoop:
                 self.log("outcome", outcome=turn.outcome.value, reason=turn.reason,
                          steps=turn.steps, tool_calls=turn.tool_calls, repls_ended=repls)
 
-    def keep_interrupted(self) -> None:
-        """The reply cut off by the interrupt, as far as it streamed, marked: the next
+    def keep_interrupted(self, mark: str = INTERRUPTED, early: str = INTERRUPTED_EARLY, *,
+                         stop: str = "interrupted") -> None:
+        """The reply cut off by the interrupt (or the deadline), as far as it streamed,
+        marked: the next
         request goes on from it, and a prompt left without any reply gets a mark instead,
         so that the next prompt does not run into it (providers merge adjacent user
         messages)."""
@@ -211,8 +225,8 @@ class TurnLoop:
         if not text and not (messages and isinstance(messages[-1], UserMessage)):
             return  # it ends with an answer or tool results: nothing runs together
         self.conversation.append(AssistantMessage(
-            text=f"{text}\n\n{INTERRUPTED}" if text else INTERRUPTED_EARLY))
-        self.log("reply", step=self.turn.steps, text=text, stop="interrupted", tool_calls=[],
+            text=f"{text}\n\n{mark}" if text else early))
+        self.log("reply", step=self.turn.steps, text=text, stop=stop, tool_calls=[],
                  partial=True)
 
     def _stream(self, chunk: str) -> None:
@@ -224,8 +238,16 @@ class TurnLoop:
     # ------------------------------------------------------------ model requests
 
     async def _send(self, *, max_tokens: int, kind: str) -> ModelReply:
-        """One model request over the history's window. A compaction takes effect (is put
+        """One model request over the history's window, under the turn's deadline (raises
+        OutOfTime, the reply so far kept in `streamed`). A compaction takes effect (is put
         in the history) once a request made with it is answered."""
+        with trio.move_on_at(self.turn.deadline) as scope:
+            return await self._send_in_time(max_tokens=max_tokens, kind=kind)
+        assert scope.cancelled_caught
+        raise OutOfTime(f"the turn's wall-clock budget ({self.config.wall_s:g} s) was spent "
+                        f"during request {self.turn.steps}; the reply so far is kept")
+
+    async def _send_in_time(self, *, max_tokens: int, kind: str) -> ModelReply:
         agent = self.agent
         base = ModelRequest(system=agent.system, messages=[], tools=list(TOOLS),
                             max_tokens=max_tokens)
@@ -263,6 +285,10 @@ class TurnLoop:
                 raise
             self.streamed = None
             break
+        # Ids unique in the conversation: a server that numbers each reply's calls from 0
+        # repeats them, which Anthropic refuses (agent/call_ids.py).
+        reply = msgspec.structs.replace(reply, tool_calls=fresh_calls(
+            reply.tool_calls, call_ids(self.conversation.messages)))
         if fitted.summary is not None:
             self.conversation.insert(fitted.at, fitted.summary)
             self.log("compaction", summary=fitted.summary.text, at=fitted.at,

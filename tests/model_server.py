@@ -38,13 +38,17 @@ class SSE:
     verbatim, e.g. "[DONE]"). With `cut=True` the connection is closed after the events, with
     no end: a stream that broke. With `hold` set, the server sends the events, then waits for
     `hold` to be set (or the server to close) before it ends the reply: a model still
-    streaming while the test cancels."""
+    streaming while the test cancels. With `drip` set, after the events the server sends
+    `drip` (an item as above) every `drip_every` seconds and never ends the reply, until the
+    client goes or the server closes: a reply that never ends, yet never goes quiet."""
 
     events: list[Any]
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     cut: bool = False
     hold: threading.Event | None = None
+    drip: Any = None
+    drip_every: float = 0.25
 
 
 @dataclass
@@ -86,6 +90,7 @@ class ModelServer:
         self._lock = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
 
     @property
     def url(self) -> str:
@@ -160,6 +165,12 @@ class ModelServer:
                     self.wfile.flush()
                 if reply.hold is not None:
                     reply.hold.wait()
+                while reply.drip is not None and not server._closing.wait(reply.drip_every):
+                    try:
+                        self.wfile.write(_sse(reply.drip))
+                        self.wfile.flush()
+                    except OSError:
+                        return  # the client went away
                 if reply.cut:
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                struct.pack("ii", 1, 0))
@@ -190,6 +201,7 @@ class ModelServer:
 
     def __exit__(self, *exc: object) -> None:
         assert self._httpd is not None and self._thread is not None
+        self._closing.set()
         for hold in self._holds:
             hold.set()
         self._httpd.shutdown()
@@ -312,3 +324,15 @@ def anthropic_stream(text: str = "", calls: list[Call] = (), stop_reason: str | 
                                      "usage": {"output_tokens": usage[1]}}))
     events.append(("message_stop", {"type": "message_stop"}))
     return SSE(events)
+
+
+def openai_endless(text: str, token: str, every: float = 0.25) -> SSE:
+    """A chat-completions stream that starts with `text` and then sends `token` every `every`
+    seconds, never finishing: a model that rambles on, or a server stuck in a loop."""
+
+    def chunk(delta: dict[str, Any]) -> dict[str, Any]:
+        return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "scripted",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+    return SSE([chunk({"role": "assistant", "content": ""}), chunk({"content": text})],
+               drip=chunk({"content": token}), drip_every=every)

@@ -232,9 +232,9 @@ def test_ask_mode_yes_no_always(server, place, module_daemon):
     child = spawn(argv(server, place, "--mode", "ask", "echo four words",
                        socket=module_daemon.socket), place)
     child.expect_exact("● run_terminal: echo one")
-    child.expect_exact("Run it? [y]es / [n]o / [a]lways for run_terminal: ")
+    child.expect_exact("Run it? [y]es / [n]o (or n, and why) / [a]lways for run_terminal: ")
     child.sendline("maybe")
-    child.expect_exact("Answer y, n or a.")
+    child.expect_exact("Answer y, n (or n and why: n use uv instead) or a.")
     child.expect_exact("Run it?")
     child.sendline("y")
     child.expect_exact("⎿ one  [exit code 0]")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent.gates import Declined
 from agent.screen import (
     ASCII,
     UNICODE,
@@ -62,8 +63,13 @@ def test_the_outcome_line_says_how_and_in_how_many_steps():
 def test_answers_and_the_question():
     assert [read_answer(a) for a in ("y", " Yes\n", "n", "NO", "a", "always", "", "maybe")] == \
         [True, True, False, False, "always", "always", None, None]
+    # A no can say why; the model is told (agent/gates.py).
+    assert [read_answer(a) for a in ("n use uv instead", "No: not on main", "n - too slow",
+                                     "nope", "now")] == \
+        [Declined("use uv instead"), Declined("not on main"), Declined("too slow"), None, None]
+    assert read_answer("n \x1b[2Jbad") == Declined("?[2Jbad")
     assert approval_question("run_terminal", {"command": "ls"}, 80).endswith(
-        "Run it? [y]es / [n]o / [a]lways for run_terminal: ")
+        "Run it? [y]es / [n]o (or n, and why) / [a]lways for run_terminal: ")
     # A command longer than the call's line is shown whole before it is approved.
     code = "import os\nos.remove('a')\nos.remove('b')"
     assert "    os.remove('b')\n" in approval_question("repl", {"code": code}, 80)
