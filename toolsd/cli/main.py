@@ -17,13 +17,15 @@ from toolsd.cli import (
     repl,
     serve,
     status,
+    token,
 )
+from toolsd.cli.common import add_connection_options
 from toolsd.client import ToolsdError
 
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
 COMMANDS = (serve, status, doctor, exec_, image, ps, logs, attach, kill, repl, agent_cli,
-            mcp_server)
+            mcp_server, token)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,9 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--socket", default=argparse.SUPPRESS,
-                        help="daemon socket (default: $TOOLSD_SOCKET, "
-                             "$XDG_RUNTIME_DIR/toolsd/toolsd.sock, /tmp/toolsd-$UID/toolsd.sock)")
+    add_connection_options(common)
     parser = argparse.ArgumentParser(prog="toolsd", parents=[common],
                                      description="Sandboxed tool execution for AI agents.")
     sub = parser.add_subparsers(metavar="COMMAND")

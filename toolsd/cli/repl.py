@@ -15,8 +15,8 @@ import codeop
 import os
 import sys
 
-from toolsd.cli.common import socket_of
-from toolsd.client import Client, ToolsdError
+from toolsd.cli.common import connect
+from toolsd.client import ToolsdError
 
 PROMPTS = {"python": (">>> ", "... "), "node": ("> ", "... ")}
 
@@ -106,8 +106,7 @@ def cmd_repl(args: argparse.Namespace) -> int:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
-    path = socket_of(args)
-    client = Client(path)
+    client = connect(args)
     session = client.session_open(os.path.abspath(args.workspace), network=args.network,
                                   writable=not args.read_only)["session"]
     try:
@@ -127,7 +126,7 @@ def cmd_repl(args: argparse.Namespace) -> int:
                 # drop the connection (the daemon cancels the request, which interrupts the
                 # code and keeps the REPL's state) and carry on with a new one.
                 client.close()
-                client = Client(path)
+                client = connect(args)
                 print("\nKeyboardInterrupt")
                 continue
             except ToolsdError as e:

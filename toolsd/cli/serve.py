@@ -31,6 +31,18 @@ def add_parser(sub, common) -> None:
     p.add_argument("--idle-timeout", type=duration, metavar="DURATION",
                    help="close a session after this long with no call and no running process "
                         "(90s, 30m, 2h, or seconds; default: never)")
+    p.add_argument("--listen", action="append", default=[], metavar="tls://HOST:PORT",
+                   help="also serve clients on other machines over TLS 1.3, with tokens "
+                        "(repeatable; docs/remote.md)")
+    p.add_argument("--tls-cert", metavar="PEM", help="the certificate for --listen (default: "
+                   "a self-signed one made in the state folder at first start)")
+    p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    p.add_argument("--tokens", metavar="FILE",
+                   help="lines `TENANT TOKEN` or `TENANT sha256:HEX`, readable by you alone "
+                        "(default: one token for tenant `default`, made in the state folder)")
+    p.add_argument("--work-root", metavar="DIR",
+                   help="where sessions opened without a workspace get theirs (default: "
+                        "workspaces/ in the state folder)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_serve)
 
@@ -73,6 +85,11 @@ def cmd_serve(args) -> int:
         shown=shown,
         warm_spare=args.warm_spare,
         idle_timeout_s=args.idle_timeout,
+        work_root=os.path.abspath(args.work_root) if args.work_root else None,
+        listen=tuple(args.listen),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tokens_file=os.path.abspath(args.tokens) if args.tokens else None,
     )
     try:
         daemon.run(config)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from toolsd.cli.common import socket_of
-from toolsd.client import Client
+from toolsd.cli.common import connect, where
 
 
 def add_parser(sub, common) -> None:
@@ -16,13 +15,13 @@ def add_parser(sub, common) -> None:
 
 def cmd_status(args) -> int:
     # A person asking "is it up?" gets an answer even from a daemon that hangs.
-    with Client(socket_of(args), timeout=30) as c:
+    with connect(args, timeout=30) as c:
         hello = c.hello("toolsd-cli")
         sessions = c.session_list()["sessions"]
     if args.json:
         print(json.dumps({"hello": hello, "sessions": sessions}, indent=2))
         return 0
-    print(f"{hello['server']} on {socket_of(args)}")
+    print(f"{hello['server']} on {where(args)} (as tenant {hello.get('tenant', 'local')})")
     print(f"sandbox: {hello['sandbox']}; shells: {', '.join(hello['shells'])}; "
           f"languages: {', '.join(hello['languages'])}")
     print(f"sessions: {len(sessions)}")
@@ -30,7 +29,8 @@ def cmd_status(args) -> int:
         mode = "rw" if s["writable"] else "ro"
         dead = "" if s.get("alive", True) else "  DEAD (its sandbox died)"
         print(f"  {s['session']}  {s['workspace']}  {s['sandbox']}  net={s['network']}  {mode}  "
-              f"processes={s['processes']}  repls={s['repls']}{dead}")
+              f"processes={s['processes']}  repls={s['repls']}  "
+              f"tenant={s.get('tenant', 'local')}{dead}")
         host_exec = s.get("host_exec") or []
         if host_exec:
             print(f"    the host's git would run what this session added "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Final, Generic, TypeVar
 import msgspec
 import trio
 
+from toolsd.daemon.tenants import LOCAL, Scope, check, visible
 from toolsd.tools import images, processes, repl, shell
 from toolsd.tools.calls import Answer, Detached
 from toolsd.wire.process_input import (
@@ -79,12 +80,30 @@ class Method(Generic[P]):
     # before doing anything (work it gave `detached.after` is then dropped): the request
     # then runs the usual way, which answers any error.
     detached: Callable[[Supervisor, P, Detached], bool] | None = None
+    # Which id in the params names what the call touches: tenants.check runs on it before
+    # the handler, so another tenant's id is not_found (daemon/tenants.py).
+    scope: Scope = Scope.NONE
+    # The handler also takes `tenant=` (the caller's): for what lists or makes sessions.
+    takes_tenant: bool = False
 
     def decode(self, request: Request) -> P:
         return decode(self.params, request)
 
+    def admit(self, sup: Supervisor, request: Request, tenant: str) -> P:
+        """The params, once `tenant` may touch what they name (else ToolsdError)."""
+        params = decode(self.params, request)
+        check(sup, tenant, self.scope, params)
+        return params
 
-async def hello(sup: Supervisor, p: HelloParams) -> HelloResult:
+    def call(self, sup: Supervisor, params: P, answer: Answer, tenant: str):
+        """The handler's awaitable for these (admitted) params."""
+        extra = {"tenant": tenant} if self.takes_tenant else {}
+        if self.takes_answer:
+            return self.handler(sup, params, answer, **extra)
+        return self.handler(sup, params, **extra)
+
+
+async def hello(sup: Supervisor, p: HelloParams, tenant: str = LOCAL) -> HelloResult:
     return HelloResult(
         protocol=1,
         server=sup.server_name,
@@ -93,11 +112,13 @@ async def hello(sup: Supervisor, p: HelloParams) -> HelloResult:
         languages=sup.host_languages,
         max_frame=sup.config.max_frame,
         features=list(FEATURES),
+        tenant=tenant,
     )
 
 
-async def session_open(sup: Supervisor, p: SessionOpenParams) -> SessionOpenResult:
-    session = await sup.open_session(p)
+async def session_open(sup: Supervisor, p: SessionOpenParams,
+                       tenant: str = LOCAL) -> SessionOpenResult:
+    session = await sup.open_session(p, tenant)
     return SessionOpenResult(session=session.id, sandbox=session.sandbox_kind,
                              workspace=session.workspace)
 
@@ -106,8 +127,10 @@ async def session_close(sup: Supervisor, p: SessionParams) -> SessionCloseResult
     return await sup.close_session(p.session)
 
 
-async def session_list(sup: Supervisor, p: SessionListParams) -> SessionListResult:
-    return SessionListResult(sessions=[s.info() for s in sup.open_sessions()])
+async def session_list(sup: Supervisor, p: SessionListParams,
+                       tenant: str = LOCAL) -> SessionListResult:
+    return SessionListResult(sessions=[s.info() for s in sup.open_sessions()
+                                       if visible(tenant, s.tenant)])
 
 
 async def turn_begin(sup: Supervisor, p: SessionParams) -> TurnBeginResult:
@@ -161,8 +184,13 @@ async def process_resize(sup: Supervisor, p: ProcessResizeParams) -> ProcessResi
         return await proc.session.reported(await processes.resize(proc, p))
 
 
-async def process_list(sup: Supervisor, p: ProcessListParams) -> ProcessListResult:
-    return await processes.listing(sup, p)
+async def process_list(sup: Supervisor, p: ProcessListParams,
+                       tenant: str = LOCAL) -> ProcessListResult:
+    listed = await processes.listing(sup, p)
+    if tenant != LOCAL:
+        mine = {bg.id for bg in sup.processes.values() if bg.session.tenant == tenant}
+        listed.processes = [info for info in listed.processes if info.id in mine]
+    return listed
 
 
 async def image_read(sup: Supervisor, p: ImageReadParams) -> ImageReadResult:
@@ -191,23 +219,26 @@ def repl_exec_detached(sup: Supervisor, p: ReplExecParams, detached: Detached) -
     return started
 
 
+SESSION, PROCESS = Scope.SESSION, Scope.PROCESS
+
 METHODS: Final[dict[str, Method]] = {
-    "hello": Method(HelloParams, hello),
-    "session.open": Method(SessionOpenParams, session_open),
-    "session.close": Method(SessionParams, session_close),
-    "session.list": Method(SessionListParams, session_list),
-    "turn.begin": Method(SessionParams, turn_begin),
-    "turn.end": Method(TurnEndParams, turn_end),
-    "shell.run": Method(ShellRunParams, shell_run, takes_answer=True),
+    "hello": Method(HelloParams, hello, takes_tenant=True),
+    "session.open": Method(SessionOpenParams, session_open, takes_tenant=True),
+    "session.close": Method(SessionParams, session_close, scope=SESSION),
+    "session.list": Method(SessionListParams, session_list, takes_tenant=True),
+    "turn.begin": Method(SessionParams, turn_begin, scope=SESSION),
+    "turn.end": Method(TurnEndParams, turn_end, scope=SESSION),
+    "shell.run": Method(ShellRunParams, shell_run, takes_answer=True, scope=SESSION),
     "repl.exec": Method(ReplExecParams, repl_exec, takes_answer=True,
-                        detached=repl_exec_detached),
-    "process.start": Method(ProcessStartParams, process_start),
-    "process.output": Method(ProcessOutputParams, process_output, takes_answer=True),
-    "process.stop": Method(ProcessStopParams, process_stop),
-    "process.write": Method(ProcessWriteParams, process_write),
-    "process.resize": Method(ProcessResizeParams, process_resize),
-    "process.list": Method(ProcessListParams, process_list),
-    "image.read": Method(ImageReadParams, image_read),
+                        detached=repl_exec_detached, scope=SESSION),
+    "process.start": Method(ProcessStartParams, process_start, scope=SESSION),
+    "process.output": Method(ProcessOutputParams, process_output, takes_answer=True,
+                             scope=PROCESS),
+    "process.stop": Method(ProcessStopParams, process_stop, scope=PROCESS),
+    "process.write": Method(ProcessWriteParams, process_write, scope=PROCESS),
+    "process.resize": Method(ProcessResizeParams, process_resize, scope=PROCESS),
+    "process.list": Method(ProcessListParams, process_list, scope=SESSION, takes_tenant=True),
+    "image.read": Method(ImageReadParams, image_read, scope=SESSION),
 }
 
 

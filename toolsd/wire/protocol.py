@@ -1,4 +1,4 @@
-"""The wire contract (../shared/PROTOCOL.md, version 1 and its additive 1.1) as msgspec Structs.
+"""The wire contract (../shared/PROTOCOL.md, version 1, its additive 1.1 and 1.2) as Structs.
 
 Every request's params and every result is a Struct here (process.write's and process.resize's
 in process_input.py); the decoders are built once at import. New fields always get defaults:
@@ -18,7 +18,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream")
+FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "tcp", "tenants")
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"
@@ -34,6 +34,7 @@ NOT_AN_IMAGE = "not_an_image"
 IMAGE_TOO_LARGE = "image_too_large"
 IO_ERROR = "io_error"
 INTERNAL = "internal"
+UNAUTHORIZED = "unauthorized"  # 1.2: a TCP connection's first frame did not authenticate
 
 
 class ToolsdError(Exception):
@@ -91,6 +92,7 @@ class Reply(Struct, omit_defaults=True):
 
 class HelloParams(Struct):
     client: str = ""
+    token: str = ""  # 1.2 "tcp": the first frame of a TCP connection authenticates with it
 
 
 class HelloResult(Struct):
@@ -101,6 +103,7 @@ class HelloResult(Struct):
     languages: list[str]
     max_frame: int
     features: list[str]
+    tenant: str = "local"  # 1.2 "tenants": whose sessions this connection sees
 
 
 class SessionLimits(Struct, frozen=True):
@@ -111,7 +114,7 @@ class SessionLimits(Struct, frozen=True):
 
 
 class SessionOpenParams(Struct):
-    workspace: str
+    workspace: str | None = None  # 1.2: None: a new folder of the daemon's, gone at close
     network: Network = "none"
     writable: bool = True
     env: Env = {}
@@ -149,6 +152,7 @@ class SessionInfo(Struct):
     opened_at: float
     alive: bool = True  # 1.1: false once the session's sandbox died
     host_exec: HostExec = UNSET  # as of the session's last call
+    tenant: str = "local"  # 1.2 "tenants": who opened it
 
 
 class SessionListResult(Struct):
