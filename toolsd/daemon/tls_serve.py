@@ -6,7 +6,9 @@ then it may cost the daemon little: the first frame may be at most AUTH_FRAME_LI
 (its length is checked before its body is read, and the body is read in pieces no larger
 than what is still missing), the handshake and that frame must be done within AUTH_WAIT_S,
 and at most MAX_PENDING connections may be at that stage at once (more are closed at
-accept). A wrong or missing token is answered `unauthorized` and the connection closed;
+accept). A silent connection holds a socket and a task (a few KiB); the TLS state, tens of
+KiB in OpenSSL, is made only once the peer sends its first bytes, and lives at most
+AUTH_WAIT_S unless a token names a tenant. A wrong or missing token is answered `unauthorized` and the connection closed;
 failures count against the source address (ratelimit.py), and an address out of tries is
 refused without its token being looked at.
 
@@ -58,7 +60,7 @@ log = logging.getLogger("toolsd.server")
 
 AUTH_WAIT_S = 10.0
 AUTH_FRAME_LIMIT = 4096
-MAX_PENDING = 4096
+MAX_PENDING = 2048
 RELAY_SIZE = 64 * 1024
 LISTEN_BACKLOG = 4096
 _hello_decoder = msgspec.msgpack.Decoder(HelloParams)
@@ -122,17 +124,22 @@ async def _serve_one(supervisor: Supervisor, remote: Remote, tcp: trio.SocketStr
                     "authenticating", peer, remote.pending)
         return
     remote.pending += 1
-    tls = trio.SSLStream(tcp, remote.context, server_side=True)
+    tls = None
     tenant = None
     try:
         with trio.move_on_after(remote.auth_wait_s):
+            # TLS state (OpenSSL's buffers: tens of KiB) only once the peer has said
+            # something: a silent connection holds a socket and a task.
+            await trio.lowlevel.wait_readable(tcp.socket)
+            tls = trio.SSLStream(tcp, remote.context, server_side=True)
             tenant = await _authenticate(supervisor, remote, tls, address_key(peer), peer)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         tenant = None  # the handshake failed (not TLS, TLS 1.2, a bad close) or it went
     finally:
         remote.pending -= 1
     if tenant is None:
-        await trio.aclose_forcefully(tls)
+        if tls is not None:
+            await trio.aclose_forcefully(tls)
         return
     log.info("tenant %s connected from %s", tenant, peer)
     await _relay(supervisor, tls, tenant, max_frame)

@@ -1,0 +1,203 @@
+"""TCP with TLS and tokens (protocol 1.2): what a stranger on the network gets. Every way in
+without the right token and the right TLS is refused or closed, costs the daemon little, and
+leaves the authenticated clients and the sessions as they were."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import ssl
+import struct
+
+import msgspec
+import psutil
+import pytest
+
+from conftest import RunningDaemon, wait_for
+from toolsd.client import Client, ToolsdError
+from toolsd.client.remote import CertificateMismatch
+
+pytestmark = [pytest.mark.shared_daemon, pytest.mark.tls_daemon]
+
+WRONG = "a-wrong-token-of-enough-length"
+
+
+def host_port(daemon) -> tuple[str, int]:
+    host, _, port = daemon.url.removeprefix("tls://").rpartition(":")
+    return host, int(port)
+
+
+def raw_tls(daemon, maximum: ssl.TLSVersion | None = None) -> ssl.SSLSocket:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if maximum is not None:
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.maximum_version = maximum
+    sock = socket.create_connection(host_port(daemon), timeout=30)
+    return context.wrap_socket(sock)
+
+
+def frame(obj) -> bytes:
+    body = msgspec.msgpack.encode(obj)
+    return struct.pack(">I", len(body)) + body
+
+
+def read_reply(sock) -> dict | None:
+    """The next frame, or None at end of stream."""
+    buf = b""
+    while True:
+        if len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            return msgspec.msgpack.decode(buf[4:4 + struct.unpack(">I", buf[:4])[0]])
+        try:
+            data = sock.recv(65536)
+        except (ConnectionResetError, ssl.SSLError):
+            data = b""
+        if not data:
+            return None
+        buf += data
+
+
+def closed(sock) -> bool:
+    """The daemon closed the connection (waits for it, bounded by the socket's timeout)."""
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, ssl.SSLError, BrokenPipeError):
+        return True
+
+
+def test_the_right_token_and_fingerprint_authenticate_as_tenant_default(daemon):
+    with daemon.client("tls") as c:
+        assert c.server_hello["tenant"] == "default"
+        assert {"tcp", "tenants"} <= set(c.server_hello["features"])
+    with daemon.client() as local:
+        assert local.hello()["tenant"] == "local"
+
+
+def test_wrong_token_is_unauthorized_then_closed(daemon):
+    with pytest.raises(ToolsdError) as e:
+        Client(daemon.url, token=WRONG, fingerprint=daemon.fingerprint)
+    assert e.value.code == "unauthorized" and "wrong token" in e.value.message
+    sock = raw_tls(daemon)
+    sock.sendall(frame({"id": 1, "method": "hello", "params": {"token": WRONG}}))
+    assert read_reply(sock)["error"]["code"] == "unauthorized"
+    assert closed(sock)
+
+
+def test_no_token_is_unauthorized(daemon):
+    with pytest.raises(ToolsdError) as e:
+        Client(daemon.url, fingerprint=daemon.fingerprint)
+    assert e.value.code == "unauthorized" and "no token" in e.value.message
+
+
+def test_a_first_frame_other_than_hello_does_nothing(daemon):
+    sock = raw_tls(daemon)
+    sock.sendall(frame({"id": 7, "method": "session.open",
+                        "params": {"workspace": daemon.workspace, "token": daemon.token}}))
+    reply = read_reply(sock)
+    assert reply["id"] == 7 and reply["error"]["code"] == "unauthorized"
+    assert closed(sock)
+    with daemon.client() as local:
+        assert local.session_list()["sessions"] == []
+
+
+def test_wrong_fingerprint_is_refused_before_the_token_is_sent(daemon):
+    other = "sha256:" + "ab" * 32
+    with pytest.raises(CertificateMismatch) as e:
+        Client(daemon.url, token=daemon.token, fingerprint=other)
+    assert daemon.fingerprint in e.value.message and "not sent" in e.value.message
+    # The daemon saw a TLS connection close without a frame: no token reached it.
+    with daemon.client("tls") as c:  # and it is well
+        assert c.hello()["tenant"] == "default"
+    assert daemon.read_log().count("tenant default connected") >= 1
+    assert "wrong token" not in daemon.read_log().split("tenant default connected")[-1]
+
+
+def test_plain_tcp_without_tls_is_closed_without_an_answer(daemon):
+    sock = socket.create_connection(host_port(daemon), timeout=30)
+    sock.sendall(frame({"id": 1, "method": "hello", "params": {"token": daemon.token}}))
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    sock.close()
+    # Nothing a toolsd client could read as a reply (at most a TLS alert record).
+    assert not data or data[0] == 0x15
+    with daemon.client("tls") as c:
+        assert c.hello()["protocol"] == 1
+
+
+def test_tls_1_2_is_refused(daemon):
+    with pytest.raises(ssl.SSLError):
+        raw_tls(daemon, maximum=ssl.TLSVersion.TLSv1_2)
+
+
+def test_a_1_gib_length_prefix_before_authentication_is_refused_unread(daemon):
+    sock = raw_tls(daemon)
+    sock.sendall(struct.pack(">I", 1 << 30) + b"\x00" * 1024)
+    reply = read_reply(sock)
+    assert reply["id"] == 0 and reply["error"]["code"] == "frame_too_large"
+    assert "before authentication" in reply["error"]["message"]
+    assert closed(sock)
+
+
+def test_a_connection_that_sends_no_whole_first_frame_is_closed(daemon):
+    sock = raw_tls(daemon)
+    sock.sendall(b"\x00\x00")  # half a length prefix, then nothing
+    assert closed(sock)  # after the daemon's 10 s; the socket's timeout is 30 s
+
+
+@pytest.mark.fresh_daemon
+def test_failed_tokens_are_rate_limited_per_address(daemon_root):
+    d = RunningDaemon(daemon_root, tls=True).start()
+    try:
+        refusals = []
+        for _ in range(20):
+            try:
+                Client(d.url, token=WRONG, fingerprint=d.fingerprint)
+            except ToolsdError as e:
+                refusals.append(e.message)
+        assert all("wrong token" in m for m in refusals[:10])
+        assert "too many failed attempts" in refusals[-1]
+        # Out of tries, the right token is refused too: guessing cannot go faster.
+        with pytest.raises(ToolsdError) as e:
+            Client(d.url, token=d.token, fingerprint=d.fingerprint)
+        assert "too many failed attempts" in e.value.message
+        with d.client() as local:  # the Unix socket is not a network peer
+            assert local.hello()["tenant"] == "local"
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_thousand_unauthenticated_connections_cost_little_and_block_no_one(daemon):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    proc = psutil.Process(daemon.proc.pid)
+    with daemon.client("tls") as before:
+        session = before.session_open(daemon.workspace)["session"]
+        before.shell_run(session, "true")
+        fds, rss = proc.num_fds(), proc.memory_info().rss
+        strangers = []
+        try:
+            for n in range(1000):
+                if n % 2:  # half of them finish the TLS handshake and then say nothing
+                    sock = raw_tls(daemon)
+                    if n % 4 == 1:
+                        sock.sendall(struct.pack(">I", 4000) + b"\x00" * 3000)
+                else:
+                    sock = socket.create_connection(host_port(daemon), timeout=30)
+                strangers.append(sock)
+            wait_for(lambda: proc.num_fds() >= fds + 1000)
+            grown = proc.memory_info().rss - rss
+            assert grown < 32 << 20, f"1,000 strangers cost the daemon {grown >> 20} MiB"
+            # Meanwhile the authenticated client and a newcomer are served as usual.
+            assert before.shell_run(session, "echo still")["output"] == "still\n"
+            with daemon.client("tls") as newcomer:
+                assert newcomer.shell_run(session, "echo new")["output"] == "new\n"
+        finally:
+            for sock in strangers:
+                sock.close()
+        before.session_close(session)
+    assert daemon.proc.poll() is None
