@@ -259,6 +259,8 @@ class Session(MemoryNotes):
             self._stop.set()
             if self.launcher is not None:
                 await self.launcher.aclose()
+            if self.made_workspace:  # gone by the time close answers (and again in run())
+                await trio.to_thread.run_sync(workspaces.remove, self.workspace)
             self.close_result = result
             self._close_done.set()
         return self.close_result
