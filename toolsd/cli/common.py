@@ -10,10 +10,9 @@ $TOOLSD_FINGERPRINT, or a CA from `--ca-file`.
 from __future__ import annotations
 
 import argparse
-import os
 
 from toolsd.client import Client, ToolsdError
-from toolsd.client.remote import Target, resolve_target
+from toolsd.client.remote import Target, target_from_options
 from toolsd.wire.paths import resolve_socket_path
 
 
@@ -41,23 +40,11 @@ def socket_of(args) -> str:
 
 def target_of(args) -> Target:
     """Where the daemon is: --url, else --socket, else $TOOLSD_URL, else the default."""
-    url = getattr(args, "url", None)
-    if url is None and getattr(args, "socket", None) is not None:
-        url = socket_of(args)
-    token = None
-    token_file = getattr(args, "token_file", None)
-    if token_file is not None:
-        try:
-            with open(os.path.expanduser(token_file), encoding="utf-8") as f:
-                words = f.read().split()
-        except OSError as e:
-            raise ToolsdError("bad_params", f"--token-file {token_file}: {e.strerror}") from None
-        if not words:
-            raise ToolsdError("bad_params", f"--token-file {token_file} is empty")
-        token = words[-1]  # a bare token, or a `TENANT TOKEN` line of a tokens file
     try:
-        return resolve_target(url, token=token, fingerprint=getattr(args, "fingerprint", None),
-                              cafile=getattr(args, "ca_file", None))
+        return target_from_options(
+            getattr(args, "url", None), getattr(args, "socket", None),
+            getattr(args, "token_file", None), getattr(args, "fingerprint", None),
+            getattr(args, "ca_file", None))
     except ValueError as e:
         raise ToolsdError("bad_params", str(e)) from None
 

@@ -20,7 +20,8 @@ from toolsd.client.core import ConnectionLost
 from toolsd.wire.paths import resolve_socket_path
 from toolsd.wire.urls import TLS, UNIX, Address, fingerprint_of, normalize_fingerprint, parse_url
 
-__all__ = ["Target", "resolve_target", "tls_context", "check_certificate", "CertificateMismatch"]
+__all__ = ["Target", "resolve_target", "target_from_options", "tls_context",
+           "check_certificate", "CertificateMismatch"]
 
 CLIENT_NAME = "toolsd-client"
 
@@ -71,6 +72,27 @@ def resolve_target(url: str | Target | None = None, *, token: str | None = None,
     return Target(address, token=token,
                   fingerprint=normalize_fingerprint(fingerprint) if fingerprint else None,
                   cafile=cafile)
+
+
+def target_from_options(url: str | None = None, socket: str | None = None,
+                        token_file: str | None = None, fingerprint: str | None = None,
+                        cafile: str | None = None) -> Target:
+    """The target of a command line's options (`--url`, else `--socket`, else the
+    environment): the token read from `token_file`, a bare token or the last word of a
+    `TENANT TOKEN` line. ValueError says what is wrong."""
+    if url is None and socket is not None:
+        url = resolve_socket_path(socket)
+    token = None
+    if token_file is not None:
+        try:
+            with open(os.path.expanduser(token_file), encoding="utf-8") as f:
+                words = f.read().split()
+        except OSError as e:
+            raise ValueError(f"--token-file {token_file}: {e.strerror}") from None
+        if not words:
+            raise ValueError(f"--token-file {token_file} is empty")
+        token = words[-1]
+    return resolve_target(url, token=token, fingerprint=fingerprint, cafile=cafile)
 
 
 def tls_context(target: Target) -> ssl.SSLContext:
