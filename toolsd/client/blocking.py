@@ -68,6 +68,9 @@ class Client(Methods):
             sock = socket.create_connection((host, port), timeout=wait)
         except OSError as e:
             raise refused(target, e) from None
+        # Small frames go out at once: with Nagle's algorithm the hello that follows the
+        # handshake waited for a delayed ACK (40 ms on Linux).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             tls = tls_context(target).wrap_socket(sock, server_hostname=host)
         except OSError as e:
