@@ -71,3 +71,11 @@ def test_work_root_puts_them_elsewhere_and_hides_it(daemon_root):
             assert not os.path.exists(made["workspace"])
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+@pytest.mark.fresh_daemon
+def test_a_work_root_sessions_need_is_refused_at_start(daemon_root):
+    d = RunningDaemon(daemon_root, extra_args=("--work-root", "/"))
+    with pytest.raises(RuntimeError) as e:
+        d.start()
+    assert "every session would lose /" in str(e.value) and d.proc.returncode == 2

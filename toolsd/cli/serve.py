@@ -73,6 +73,7 @@ def cmd_serve(args) -> int:
     path = socket_of(args)
     try:
         hidden, shown = daemon.hidden_and_shown(args.hide, args.show)
+        work_root = daemon.check_work_root(args.work_root) if args.work_root else None
     except ValueError as e:
         print(f"toolsd: {e}", file=sys.stderr)
         return 2
@@ -85,7 +86,7 @@ def cmd_serve(args) -> int:
         shown=shown,
         warm_spare=args.warm_spare,
         idle_timeout_s=args.idle_timeout,
-        work_root=os.path.abspath(args.work_root) if args.work_root else None,
+        work_root=work_root,
         listen=tuple(args.listen),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

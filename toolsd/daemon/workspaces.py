@@ -18,7 +18,27 @@ from toolsd.wire.protocol import IO_ERROR, ToolsdError
 
 log = logging.getLogger("toolsd.session")
 
-__all__ = ["make", "remove"]
+__all__ = ["make", "remove", "check_work_root"]
+
+
+def check_work_root(path: str) -> str:
+    """`--work-root DIR`, made if missing and checked: it is hidden from every session, so
+    it must not be a folder sessions need (/, a system folder, the home or one holding
+    it); ValueError says why."""
+    from toolsd.sandbox import home
+
+    real = os.path.realpath(path)
+    own_home = os.path.realpath(os.path.expanduser("~"))
+    if real == "/" or own_home == real or own_home.startswith(real.rstrip("/") + "/"):
+        raise ValueError(f"--work-root {path}: every session would lose {real} (the work root "
+                         f"is hidden from sessions); give a folder of its own, e.g. "
+                         f"/srv/toolsd-work")
+    try:
+        home.check_hideable(real)
+        os.makedirs(real, mode=0o700, exist_ok=True)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--work-root {path}: {e}") from None
+    return real
 
 
 def make(root: str, session_id: str) -> str:
