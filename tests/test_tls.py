@@ -4,6 +4,7 @@ leaves the authenticated clients and the sessions as they were."""
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
 import ssl
@@ -201,3 +202,71 @@ def test_a_thousand_unauthenticated_connections_cost_little_and_block_no_one(dae
                 sock.close()
         before.session_close(session)
     assert daemon.proc.poll() is None
+
+
+@pytest.mark.fresh_daemon
+def test_the_certificate_and_token_survive_a_restart(daemon_root):
+    first = RunningDaemon(daemon_root, tls=True).start()
+    assert first.stop() == 0
+    again = RunningDaemon(daemon_root, tls=True).start()
+    try:
+        assert (again.fingerprint, again.token) == (first.fingerprint, first.token)
+        with again.client("tls") as c:  # a client that pinned it before goes on working
+            assert c.server_hello["tenant"] == "default"
+    finally:
+        assert again.stop() == 0, again.read_log()
+
+
+def make_ca_and_server(folder: str) -> tuple[str, str, str]:
+    """A CA, and a certificate for 127.0.0.1 signed by it: (ca, cert, key) PEM paths."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def build(subject, issuer, key, signer, ca: bool, names=None):
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(days=1))
+             .not_valid_after(now + datetime.timedelta(days=2))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if names:
+            b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = build(ca_name, ca_name, ca_key, ca_key, True)
+    cert = build(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "toolsd test")]), ca_name,
+                 key, ca_key, False, [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    paths = [os.path.join(folder, n) for n in ("ca.pem", "cert.pem", "key.pem")]
+    for path, data in zip(paths, (ca.public_bytes(serialization.Encoding.PEM),
+                                  cert.public_bytes(serialization.Encoding.PEM),
+                                  key.private_bytes(serialization.Encoding.PEM,
+                                                    serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption()))):
+        with open(path, "wb") as f:
+            f.write(data)
+    return paths[0], paths[1], paths[2]
+
+
+@pytest.mark.fresh_daemon
+def test_a_given_certificate_trusted_through_a_ca_file(daemon_root):
+    ca, cert, key = make_ca_and_server(daemon_root)
+    d = RunningDaemon(daemon_root, extra_args=("--tls-cert", cert, "--tls-key", key),
+                      tls=True).start()
+    try:
+        with Client(d.url, token=d.token, cafile=ca) as c:
+            assert c.server_hello["tenant"] == "default"
+        other_ca = make_ca_and_server(os.path.join(daemon_root, "ws"))[0]
+        with pytest.raises(ToolsdError) as e:  # a CA that did not sign it: refused
+            Client(d.url, token=d.token, cafile=other_ca)
+        assert e.value.code == "connection_lost" and "CERTIFICATE_VERIFY_FAILED" in \
+            e.value.message
+    finally:
+        assert d.stop() == 0, d.read_log()
