@@ -7,6 +7,12 @@ ToolsdError for a reply with an error code. `cancel` is the connection's own (it
 the connection, not the sessions). A call that names a session or one of its processes runs
 inside `session.call()`, which keeps the session from counting as idle; the listings
 (session.list, process.list) are looks from outside and do not.
+
+Tenants (daemon/tenants.py): a row whose params name a session or a process says so
+(`scope=SESSION` for `params.session`, `scope=PROCESS` for `params.id`), and the connection
+admits a request only once `tenants.check` found that id the caller's (`Method.admit`):
+another tenant's is the not_found of an unknown id, before the handler runs. A new method
+that takes such an id needs nothing but its scope; tests/test_tenants.py tries every row.
 """
 
 from __future__ import annotations
