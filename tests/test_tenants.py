@@ -4,13 +4,14 @@ added later is tried too); each must answer exactly as for an id that never exis
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 
 import msgspec
 import pytest
 
-from conftest import RunningDaemon, short_tempdir, wait_gone
+from conftest import RunningDaemon, short_tempdir, wait_for, wait_gone
 from toolsd.client import Client, ToolsdError
 from toolsd.daemon import dispatch
 from toolsd.daemon.tenants import Scope
@@ -24,15 +25,27 @@ TEXT = {"command": f"touch {MARK}", "code": f"open({MARK!r}, 'w').close()",
 NEVER = {"session": "s999999", "id": "bg999999", "turn": "t-000000000000"}
 
 
+def write_tokens(path: str, text: str) -> None:
+    with open(path + ".new", "w") as f:
+        f.write(text)
+    os.chmod(path + ".new", 0o600)
+    os.replace(path + ".new", path)
+
+
+TWO = (f"# two tenants\nalice {ALICE}\n"
+       f"bob sha256:{hashlib.sha256(BOB.encode()).hexdigest()}\n")
+
+
+def tokens_daemon(root: str, *extra: str) -> RunningDaemon:
+    tokens = os.path.join(root, "tokens")
+    write_tokens(tokens, TWO)
+    return RunningDaemon(root, extra_args=("--tokens", tokens, *extra), tls=True).start()
+
+
 @pytest.fixture(scope="module")
 def daemon():
     root = short_tempdir()
-    tokens = os.path.join(root, "tokens")
-    with open(tokens, "w") as f:
-        f.write(f"# two tenants\nalice {ALICE}\nbob sha256:"
-                f"{__import__('hashlib').sha256(BOB.encode()).hexdigest()}\n")
-    os.chmod(tokens, 0o600)
-    d = RunningDaemon(root, extra_args=("--tokens", tokens), tls=True).start()
+    d = tokens_daemon(root)
     try:
         yield d
         assert d.stop() == 0, d.read_log()
@@ -171,3 +184,44 @@ def test_a_tokens_file_others_can_read_is_refused_at_start(daemon_root):
     with pytest.raises(RuntimeError) as e:
         d.start()
     assert "chmod 600" in str(e.value) and d.proc.returncode == 1
+
+
+def test_tokens_are_read_again_when_the_file_changes(daemon_root):
+    d = tokens_daemon(daemon_root)
+    tokens = os.path.join(daemon_root, "tokens")
+    try:
+        staying = connect(d, ALICE)
+        carol = "carol-token-0123456789abcdef"
+        write_tokens(tokens, f"bob {BOB}\ncarol {carol}\n")  # alice revoked, carol added
+        with connect(d, carol) as c:
+            assert c.server_hello["tenant"] == "carol"
+        with pytest.raises(ToolsdError) as e:
+            connect(d, ALICE)
+        assert e.value.code == "unauthorized"
+        assert staying.hello()["tenant"] == "alice"  # a connection it let in stays
+        staying.close()
+        write_tokens(tokens, "bob short\n")  # not valid: the tokens read before are kept
+        with connect(d, carol) as c:
+            assert c.server_hello["tenant"] == "carol"
+        assert "kept the tokens read before" in d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_another_tenants_ended_session_is_not_found_not_closed(daemon_root):
+    d = tokens_daemon(daemon_root, "--idle-timeout", "1")
+    try:
+        with connect(d, BOB) as bob, connect(d, ALICE) as alice:
+            session = bob.session_open(d.workspace)["session"]
+            # A listing is a look from outside: it keeps nothing from being idle.
+            wait_for(lambda: bob.session_list()["sessions"] == [])
+            with pytest.raises(ToolsdError) as e:  # closed by the idle timeout: bob is told
+                bob.shell_run(session, "true")
+            assert e.value.code == "session_closed" and "without activity" in e.value.message
+            with pytest.raises(ToolsdError) as e:
+                alice.shell_run(session, "true")
+            assert e.value.code == "not_found"
+            assert e.value.message == error_of(alice, "shell.run", {
+                "session": "s999999", "command": "true"}).message.replace("s999999", session)
+    finally:
+        assert d.stop() == 0, d.read_log()

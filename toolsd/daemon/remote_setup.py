@@ -48,11 +48,12 @@ def prepare(state_dir: str, hosts: list[str], *, cert: str | None, key: str | No
     except (certs.CertificateError, OSError) as e:
         raise SetupError(str(e)) from None
     try:
-        table = (tokens.load_file(tokens_file) if tokens_file is not None
-                 else tokens.default_token(state_dir)[0])
+        if tokens_file is None:
+            tokens.default_token(state_dir)
+        source = tokens.TokenFile(tokens_file or os.path.join(state_dir, tokens.TOKEN_FILE))
     except tokens.TokenFileError as e:
         raise SetupError(f"--tokens: {e}" if tokens_file else str(e)) from None
-    return Remote(context=context, certificate=certificate, tokens=table,
+    return Remote(context=context, certificate=certificate, tokens=source,
                   limiter=limiter or FailureLimiter())
 
 

@@ -37,7 +37,7 @@ from toolsd.daemon import dispatch
 from toolsd.daemon.certs import Certificate
 from toolsd.daemon.connection import Connection
 from toolsd.daemon.ratelimit import FailureLimiter
-from toolsd.daemon.tokens import TokenTable
+from toolsd.daemon.tokens import TokenFile
 from toolsd.wire.framing import HEADER_SIZE, encode_frame
 from toolsd.wire.protocol import (
     BAD_FRAME,
@@ -72,7 +72,7 @@ class Remote:
 
     context: ssl.SSLContext
     certificate: Certificate
-    tokens: TokenTable
+    tokens: TokenFile  # read again when it changes
     limiter: FailureLimiter = dataclasses.field(default_factory=FailureLimiter)
     auth_wait_s: float = AUTH_WAIT_S
     pending: int = 0  # connections not yet authenticated
@@ -200,7 +200,7 @@ async def _authenticate(supervisor: Supervisor, remote: Remote, tls: trio.SSLStr
             token = _hello_decoder.decode(request.params).token
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
-    tenant = remote.tokens.match(token) if token else None
+    tenant = remote.tokens.current().match(token) if token else None
     if tenant is None:
         remote.limiter.failed(key, now)
         if request.method != "hello":

@@ -4,6 +4,10 @@
 lines allowed); the file must not be readable by anyone but its owner. Without it, one token
 for tenant `default` is made at first start in the state folder (`token`, 0600) and kept.
 
+The file is read at start and again whenever it changes (TokenFile), so tokens can be added
+and revoked without a restart (a revoked token lets no new connection in; connections it
+let in stay). A file that stops being valid keeps the last good tokens, and the log says why.
+
 Only SHA-256 digests are held: a presented token is hashed and compared with every entry in
 constant time (hmac.compare_digest, never stopping at the first match), so neither the reply
 nor its timing says how much of a guess was right.
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -20,7 +25,10 @@ import stat
 
 from toolsd.daemon.tenants import LOCAL
 
-__all__ = ["TokenTable", "TokenFileError", "load_file", "default_token", "DEFAULT_TENANT"]
+__all__ = ["TokenTable", "TokenFile", "TokenFileError", "load_file", "default_token",
+           "DEFAULT_TENANT"]
+
+log = logging.getLogger("toolsd.server")
 
 DEFAULT_TENANT = "default"
 TOKEN_FILE = "token"  # in the state folder
@@ -129,3 +137,31 @@ def default_token(state_dir: str) -> tuple[TokenTable, str]:
     with os.fdopen(fd, "w") as f:
         f.write(f"{DEFAULT_TENANT} {token}\n")
     return TokenTable([(DEFAULT_TENANT, hashlib.sha256(token.encode()).digest())]), token
+
+
+class TokenFile:
+    """The tokens of a file, read again when it changes (its inode, size or mtime)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._seen = self._identity()
+        self.table = load_file(path)
+
+    def _identity(self) -> tuple | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def current(self) -> TokenTable:
+        seen = self._identity()
+        if seen != self._seen:
+            self._seen = seen
+            try:
+                self.table = load_file(self.path)
+                log.info("tokens read again from %s: tenants %s", self.path,
+                         ", ".join(self.table.tenants))
+            except TokenFileError as e:
+                log.warning("kept the tokens read before: %s", e)
+        return self.table
