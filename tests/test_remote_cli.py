@@ -8,11 +8,17 @@ import os
 import subprocess
 import sys
 
+import json
+
 import pytest
 from mcp import Client as McpClient
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+import agentkit
 from conftest import needs_bwrap
+from model_server import Call, ModelServer, openai_stream
+
+place = agentkit.place
 
 pytestmark = [pytest.mark.shared_daemon, pytest.mark.tls_daemon]
 
@@ -77,3 +83,23 @@ async def test_mcp_runs_its_tools_on_a_remote_daemon(daemon):
         async with McpClient(stdio_client(params, errlog=log)) as client:
             result = await client.call_tool("run_terminal", {"command": "echo from-afar"})
     assert "from-afar" in "".join(c.text for c in result.content if c.type == "text")
+
+
+@needs_bwrap
+def test_agent_runs_its_tools_on_a_remote_daemon(daemon, place):
+    logged = len(daemon.read_log())
+    with ModelServer() as server:
+        server.push(openai_stream(calls=[Call("run_terminal", {"command": "echo far-agent"})]),
+                    openai_stream(text="bye"))
+        done = subprocess.run(
+            [sys.executable, "-m", "toolsd", "agent", "--base-url", server.openai_url,
+             "--model", "scripted", "--workspace", place.workspace, "--mode", "auto", "--json",
+             "--url", daemon.url, "--fingerprint", daemon.fingerprint, "go"],
+            env={**place.env, "TOOLSD_TOKEN": daemon.token}, capture_output=True, text=True,
+            timeout=180)
+    assert done.returncode == 0, done.stderr
+    results = [e for e in map(json.loads, done.stdout.splitlines())
+               if e["type"] == "tool_result"]
+    assert results[0]["text"] == "far-agent\n[exit code 0]"
+    assert "started one for this run" not in done.stderr  # the remote one, not its own
+    assert "tenant default connected" in daemon.read_log()[logged:]
