@@ -28,6 +28,12 @@ def host_port(daemon) -> tuple[str, int]:
     return host, int(port)
 
 
+# Raw connections come from another loopback address than the clients' 127.0.0.1: the
+# failures they make count against their own address (ratelimit.py), never against the
+# clients of the other tests of the module.
+STRANGER = ("127.0.0.2", 0)
+
+
 def raw_tls(daemon, maximum: ssl.TLSVersion | None = None) -> ssl.SSLSocket:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
@@ -35,7 +41,7 @@ def raw_tls(daemon, maximum: ssl.TLSVersion | None = None) -> ssl.SSLSocket:
     if maximum is not None:
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.maximum_version = maximum
-    sock = socket.create_connection(host_port(daemon), timeout=30)
+    sock = socket.create_connection(host_port(daemon), timeout=30, source_address=STRANGER)
     return context.wrap_socket(sock)
 
 
@@ -118,7 +124,7 @@ def test_wrong_fingerprint_is_refused_before_the_token_is_sent(daemon):
 
 
 def test_plain_tcp_without_tls_is_closed_without_an_answer(daemon):
-    sock = socket.create_connection(host_port(daemon), timeout=30)
+    sock = socket.create_connection(host_port(daemon), timeout=30, source_address=STRANGER)
     sock.sendall(frame({"id": 1, "method": "hello", "params": {"token": daemon.token}}))
     data = b""
     try:
@@ -191,7 +197,8 @@ def test_a_thousand_unauthenticated_connections_cost_little_and_block_no_one(dae
                     if n % 4 == 1:
                         sock.sendall(struct.pack(">I", 4000) + b"\x00" * 3000)
                 else:
-                    sock = socket.create_connection(host_port(daemon), timeout=30)
+                    sock = socket.create_connection(host_port(daemon), timeout=30,
+                                                    source_address=STRANGER)
                 strangers.append(sock)
             wait_for(lambda: proc.num_fds() >= fds + 1000)
             grown = proc.memory_info().rss - rss
@@ -273,3 +280,23 @@ def test_a_given_certificate_trusted_through_a_ca_file(daemon_root):
             e.value.message
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+@pytest.mark.parametrize("body", [
+    b"", b"\xc1", msgspec.msgpack.encode([1, "hello", {}]),
+    msgspec.msgpack.encode({"id": -1, "method": "hello", "params": {"token": "x"}}),
+    msgspec.msgpack.encode({"id": 1, "method": "hello", "params": ["token"]}),
+    msgspec.msgpack.encode({"id": 1, "method": "hello", "params": {"token": 12345}}),
+    msgspec.msgpack.encode({"id": 1, "method": "hello", "params": {"token": "y" * 4000}}),
+    msgspec.msgpack.encode({"id": 1, "method": "cancel", "params": {"request": 1}}),
+    b"\x91" * 4000,
+], ids=["empty", "not-msgpack", "array", "negative-id", "params-list", "token-int",
+        "token-huge", "cancel", "nested"])
+def test_a_malformed_first_frame_is_refused_and_harms_no_one(daemon, body):
+    sock = raw_tls(daemon)
+    sock.sendall(struct.pack(">I", len(body)) + body)
+    reply = read_reply(sock)
+    assert reply is None or reply["error"]["code"] in ("bad_frame", "unauthorized")
+    assert closed(sock)
+    with daemon.client("tls") as c:
+        assert c.hello()["tenant"] == "default"
