@@ -48,6 +48,9 @@ def cmd_token(args) -> int:
         return 0
     url = info["urls"][0] if info["urls"] else "tls://HOST:PORT"
     print(f"url:         {', '.join(info['urls'])}")
+    if any(wild in url for wild in ("//0.0.0.0:", "//[::]:")):
+        print("             (it listens on every address: a client names this machine by "
+              "its own name or address instead)")
     print(f"fingerprint: {info['fingerprint']}")
     if token is not None:
         print(f"token:       {token}  (tenant default)")
