@@ -67,12 +67,17 @@ def test_tokens_file_plain_and_hashed(tmp_path):
 @pytest.mark.parametrize("text,says", [
     ("alice\n", "two fields"), ("local aaaaaaaaaaaaaaaaaaaa\n", "Unix socket"),
     ("al/ce aaaaaaaaaaaaaaaaaaaa\n", "letters"), ("alice short\n", "shorter than"),
-    ("alice sha256:xyz\n", "64 hex"), ("# nothing\n", "no tokens"),
+    ("alice sha256:xyz\n", "64 hex"),
     ("a aaaaaaaaaaaaaaaaaaaa\nb aaaaaaaaaaaaaaaaaaaa\n", "same token as line 1"),
 ])
 def test_tokens_file_mistakes_are_named(tmp_path, text, says):
     with pytest.raises(TokenFileError, match=says):
         load_file(write(tmp_path, text))
+
+
+def test_a_tokens_file_without_tokens_lets_nobody_in_yet(tmp_path):
+    table = load_file(write(tmp_path, "# tokens are added here as leases begin\n"))
+    assert table.tenants == [] and table.match("anything-at-all-1234") is None
 
 
 def test_a_tokens_file_others_can_read_is_refused(tmp_path):

@@ -198,7 +198,7 @@ async def listen_tls(config: Config, supervisor: Supervisor,
     fingerprint = remote.certificate.fingerprint
     remote_setup.write_info(supervisor.state.path, urls, fingerprint, config.tokens_file,
                             config.socket_path)
-    tenants = ", ".join(remote.tokens.table.tenants)
+    tenants = ", ".join(remote.tokens.table.tenants) or "none yet"
     return [f"toolsd listening on {url} (TLS 1.3, fingerprint {fingerprint}; tenants: "
             f"{tenants}; `toolsd token` prints what a client needs)" for url in urls]
 
