@@ -135,14 +135,19 @@ def make_model(args):
 
 def cmd_agent(args) -> int:
     from agent.models.base import ModelError
-    from agent.own_daemon import DaemonFailed, toolsd_socket
+    from agent.own_daemon import DaemonFailed, daemon_target, toolsd_socket
 
     def fail(message: str, code: int = 1) -> int:
         print(f"toolsd agent: {message}", file=sys.stderr)
         return code
 
+    try:
+        target = daemon_target(args)
+    except ValueError as e:  # a malformed --url or --fingerprint, an unreadable --token-file
+        return fail(str(e), 2)
     workspace = os.path.abspath(args.workspace or os.getcwd())
-    if not os.path.isdir(workspace):
+    # On a remote daemon (--url tls://...) the workspace is a folder of its machine.
+    if not target.tls and not os.path.isdir(workspace):
         return fail(f"--workspace {workspace}: no such folder", 2)
     from agent.conversation import ConversationStore
     from agent.conversation_list import NoConversation, list_conversations, listing, pick
@@ -165,7 +170,7 @@ def cmd_agent(args) -> int:
         if hasattr(stream, "reconfigure"):  # a terminal that cannot show a character: `?`
             stream.reconfigure(errors="replace")
     try:
-        with toolsd_socket(getattr(args, "socket", None), say=lambda m: fail(m)) as socket:
+        with toolsd_socket(target, say=lambda m: fail(m)) as socket:
             import trio
 
             return trio.run(Run(args, model, workspace, socket).main)

@@ -210,7 +210,7 @@ class Keeper:
         every session); raises SessionLost when nothing answers on it."""
         path = self.client.socket_path
         try:
-            client = await AsyncClient.connect(path)
+            client = await AsyncClient.connect(self.client.target)  # its token and all
         except (ToolsdError, OSError) as e:
             raise SessionLost(f"the toolsd session {lost_id} was lost ({reason}) and nothing "
                               f"answers at {path} ({e}); start the daemon again") from None

@@ -105,14 +105,20 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import trio
 
     from agent.gates import Mode
-    from agent.own_daemon import DaemonFailed, toolsd_socket
+    from agent.own_daemon import DaemonFailed, daemon_target, toolsd_socket
 
+    try:
+        target = daemon_target(args)
+    except ValueError as e:  # a malformed --url or --fingerprint, an unreadable --token-file
+        log.error("%s", e)
+        return 2
     workspace = os.path.abspath(args.workspace or os.getcwd())
-    if not os.path.isdir(workspace):
+    # On a remote daemon (--url tls://...) the workspace is a folder of its machine.
+    if not target.tls and not os.path.isdir(workspace):
         log.error("--workspace %s: no such folder", workspace)
         return 2
     try:
-        with toolsd_socket(getattr(args, "socket", None), say=log.info,
+        with toolsd_socket(target, say=log.info,
                            stderr=sys.stderr) as socket_path:
             return trio.run(serve, workspace, Mode(args.mode), socket_path)
     except DaemonFailed as e:

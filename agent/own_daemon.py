@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterator
 from typing import IO
 
 from toolsd.client import Client
-from toolsd.wire.paths import resolve_socket_path
+from toolsd.client.remote import Target, target_from_options
 
-__all__ = ["OwnDaemon", "DaemonFailed", "answers", "toolsd_socket"]
+__all__ = ["OwnDaemon", "DaemonFailed", "answers", "toolsd_socket", "daemon_target"]
 
 PR_SET_PDEATHSIG = 1
 STOP_WAIT_S = 60.0  # closing sessions ends their processes: TERM, a grace, then KILL
@@ -143,13 +143,26 @@ def _parent_death_signal(sig: int) -> Callable[[], None]:
     return preexec
 
 
+def daemon_target(args) -> Target:
+    """The daemon the command line names (`--url` and its options, `--socket`, or the
+    environment: toolsd.client.remote); ValueError says what is wrong."""
+    return target_from_options(
+        getattr(args, "url", None), getattr(args, "socket", None),
+        getattr(args, "token_file", None), getattr(args, "fingerprint", None),
+        getattr(args, "ca_file", None))
+
+
 @contextlib.contextmanager
-def toolsd_socket(socket_arg: str | None, say: Callable[[str], None],
-                  stderr: IO | int | None = None) -> Iterator[str]:
-    """The socket of a daemon to use for the block: the one answering on `socket_arg` (or the
-    default path), else one started for the block (`say` tells the person), stopped at its
-    end. Call it before any thread is started (the daemon is spawned with a preexec_fn)."""
-    path = resolve_socket_path(socket_arg)
+def toolsd_socket(target: Target, say: Callable[[str], None],
+                  stderr: IO | int | None = None) -> Iterator[str | Target]:
+    """The daemon to use for the block: a remote one (tls://) as it is; the one answering on
+    the target's socket; else one started for the block (`say` tells the person), stopped
+    at its end. Call it before any thread is started (the daemon is spawned with a
+    preexec_fn)."""
+    if target.tls:  # another machine's: never one of our own in its place
+        yield target
+        return
+    path = target.where
     if answers(path):
         yield path
         return

@@ -342,6 +342,7 @@ SECTIONS = {
     "home": section("bench_home", "bench_home"),
     "big-workspace": section("bench_home", "bench_big_workspace"),
     "ports": section("bench_ports", "bench_ports"),
+    "remote": section("bench_remote", "bench_remote"),
 }
 
 

@@ -42,8 +42,12 @@ class RunningDaemon:
     spare (tests/test_warm_spare.py tests it)."""
 
     def __init__(self, root: str, extra_args: tuple[str, ...] = (), env: dict | None = None,
-                 warm_spare: bool = False, prefix: tuple[str, ...] = ()):
+                 warm_spare: bool = False, prefix: tuple[str, ...] = (), tls: bool = False):
         self.root = root
+        # With `tls`, it also listens on tls://127.0.0.1:<a free port> (docs/remote.md):
+        # `url`, `fingerprint` and `token` (tenant default) say how to reach it.
+        self.tls = tls
+        self.url = self.fingerprint = self.token = None
         self.socket = os.path.join(root, "run", "toolsd.sock")
         self.state_dir = os.path.join(root, "state")
         self.home = os.path.join(root, "home")
@@ -58,7 +62,8 @@ class RunningDaemon:
                     if k not in ("TOOLSD_SOCKET", "XDG_RUNTIME_DIR")}
         self.env["HOME"] = self.home
         self.env.update(env or {})
-        self.extra_args = (*extra_args, *(() if warm_spare else ("--no-warm-spare",)))
+        self.extra_args = (*extra_args, *(() if warm_spare else ("--no-warm-spare",)),
+                           *(("--listen", "tls://127.0.0.1:0") if tls else ()))
         self.prefix = prefix  # a command that ends by exec'ing the daemon's argv after it
         self.proc: subprocess.Popen | None = None
         self.log_path = os.path.join(root, "daemon.log")
@@ -75,16 +80,40 @@ class RunningDaemon:
         if "listening on" not in line:
             self.proc.wait(timeout=30)
             raise RuntimeError(f"toolsd did not start: {line!r}\n{self.read_log()}")
+        if self.tls:
+            self.read_tls_lines()
         return self
+
+    def read_tls_lines(self) -> None:
+        """The URL and fingerprint the daemon printed, and the token of tenant default."""
+        while True:
+            line = self.proc.stdout.readline().decode()
+            if not line or line.startswith("try:"):
+                break
+            if "tls://" in line:
+                words = line.split()
+                self.url = next(w for w in words if w.startswith("tls://"))
+                self.fingerprint = next(w for w in words if w.startswith("sha256:")).rstrip(";")
+        token_file = os.path.join(self.state_dir, "token")
+        if os.path.exists(token_file):
+            with open(token_file) as f:
+                self.token = f.read().split()[1]
+        assert self.url and self.fingerprint, "the daemon printed no TLS listener"
 
     def read_log(self) -> str:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 
-    def client(self) -> Client:
+    def client(self, transport: str = "unix", token: str | None = None) -> Client:
+        if transport == "tls":
+            return Client(self.url, token=token or self.token, fingerprint=self.fingerprint)
         return Client(self.socket)
 
-    async def async_client(self) -> AsyncClient:
+    async def async_client(self, transport: str = "unix",
+                           token: str | None = None) -> AsyncClient:
+        if transport == "tls":
+            return await AsyncClient.connect(self.url, token=token or self.token,
+                                             fingerprint=self.fingerprint)
         return await AsyncClient.connect(self.socket)
 
     def tree(self) -> list[psutil.Process]:
@@ -219,6 +248,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "fresh_daemon: in a shared_daemon module, this test starts its own daemon "
         "(it stops, kills or reconfigures it, or changes its HOME)")
+    config.addinivalue_line(
+        "markers", "tls_daemon: the daemon also listens on TLS at 127.0.0.1 (RunningDaemon.url, "
+        "fingerprint, token)")
 
 
 class DaemonView:
@@ -238,14 +270,15 @@ class ModuleDaemon:
     behind or kills the daemon fails itself, and the next test gets a new daemon: a leftover
     never shows up in another test's check."""
 
-    def __init__(self):
+    def __init__(self, tls: bool = False):
         self.root: str | None = None
         self.daemon: RunningDaemon | None = None
+        self.tls = tls
 
     def get(self) -> RunningDaemon:
         if self.daemon is None:
             self.root = short_tempdir()
-            self.daemon = RunningDaemon(self.root).start()
+            self.daemon = RunningDaemon(self.root, tls=self.tls).start()
         return self.daemon
 
     def discard(self, check: bool = True) -> None:
@@ -278,8 +311,8 @@ class ModuleDaemon:
 
 
 @pytest.fixture(scope="module")
-def shared_module_daemon():
-    shared = ModuleDaemon()
+def shared_module_daemon(request):
+    shared = ModuleDaemon(tls=request.node.get_closest_marker("tls_daemon") is not None)
     try:
         yield shared
     finally:
@@ -299,7 +332,8 @@ def daemon(request):
         shared.check_after(request.node.nodeid)
         shutil.rmtree(workspace, ignore_errors=True)
         return
-    d = RunningDaemon(request.getfixturevalue("daemon_root")).start()
+    d = RunningDaemon(request.getfixturevalue("daemon_root"),
+                      tls=request.node.get_closest_marker("tls_daemon") is not None).start()
     yield d
     assert d.stop() == 0, d.read_log()
 

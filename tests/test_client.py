@@ -1,4 +1,5 @@
-"""The clients: the async one from trio and from asyncio, many tasks on one connection."""
+"""The clients: the async one from trio and from asyncio, many tasks on one connection; each
+test over the Unix socket and over TLS with a token (protocol 1.2), which must behave alike."""
 
 from __future__ import annotations
 
@@ -9,13 +10,24 @@ import pytest
 import trio
 
 from conftest import wait_gone
-from toolsd.client import AsyncClient, ToolsdError
+from toolsd.client import ToolsdError
 
-pytestmark = pytest.mark.shared_daemon
+pytestmark = [pytest.mark.shared_daemon, pytest.mark.tls_daemon]
 
 
-async def test_trio_many_tasks_one_connection_none_stuck_behind_a_slow_call(daemon):
-    async with await AsyncClient.connect(daemon.socket) as client:
+@pytest.fixture(params=["unix", "tls"])
+def transport(request):
+    return request.param
+
+
+@pytest.fixture
+def client(daemon, transport):
+    with daemon.client(transport) as c:
+        yield c
+
+
+async def test_trio_many_tasks_one_connection_none_stuck_behind_a_slow_call(daemon, transport):
+    async with await daemon.async_client(transport) as client:
         session = (await client.session_open(daemon.workspace))["session"]
         done = []
 
@@ -36,17 +48,17 @@ async def test_trio_many_tasks_one_connection_none_stuck_behind_a_slow_call(daem
         assert sorted(x for x in done if x != "slow") == list(range(30))
 
 
-async def test_trio_error_reply_raises_with_code(daemon):
-    async with await AsyncClient.connect(daemon.socket) as client:
+async def test_trio_error_reply_raises_with_code(daemon, transport):
+    async with await daemon.async_client(transport) as client:
         with pytest.raises(ToolsdError) as e:
             await client.shell_run("s404", "true")
         assert e.value.code == "not_found"
         assert (await client.hello())["protocol"] == 1  # the connection is still good
 
 
-def test_asyncio_client(daemon):
+def test_asyncio_client(daemon, transport):
     async def main():
-        client = await AsyncClient.connect(daemon.socket)
+        client = await daemon.async_client(transport)
         async with client:
             session = (await client.session_open(daemon.workspace))["session"]
             slow = asyncio.ensure_future(client.shell_run(session, "sleep 1; echo slow"))
@@ -72,10 +84,10 @@ def sleeps_in(daemon, marker: str) -> list:
     return daemon.running(f"sleep {marker}")
 
 
-async def test_trio_cancelled_call_ends_its_command(daemon):
+async def test_trio_cancelled_call_ends_its_command(daemon, transport):
     # A caller that gives up (Ctrl-C in an agent) must not leave the command running in the
     # daemon until its timeout: the client sends `cancel` for it.
-    async with await AsyncClient.connect(daemon.socket) as client:
+    async with await daemon.async_client(transport) as client:
         session = (await client.session_open(daemon.workspace))["session"]
         started = trio.Event()
 
@@ -98,9 +110,9 @@ async def test_trio_cancelled_call_ends_its_command(daemon):
         await client.session_close(session)
 
 
-def test_asyncio_cancelled_call_ends_its_command(daemon):
+def test_asyncio_cancelled_call_ends_its_command(daemon, transport):
     async def main():
-        async with await AsyncClient.connect(daemon.socket) as client:
+        async with await daemon.async_client(transport) as client:
             session = (await client.session_open(daemon.workspace))["session"]
             task = asyncio.ensure_future(client.shell_run(session, "sleep 4343", timeout_s=600))
             while not sleeps_in(daemon, "4343"):
@@ -142,3 +154,14 @@ async def test_the_async_client_refuses_an_unknown_keyword_too(daemon):
         assert not os.path.exists(f"{daemon.workspace}/ran")
         assert (await client.shell_run(session, "echo ok", timeout_s=30))["output"] == "ok\n"
         await client.session_close(session)
+def test_session_and_process_survive_a_dropped_connection(daemon, transport):
+    # Reconnecting is the caller's choice; what a connection started is not its own.
+    first = daemon.client(transport)
+    session = first.session_open(daemon.workspace)["session"]
+    bg = first.process_start(session, "sleep 4545")["id"]
+    first._sock.close()  # dropped, not closed politely
+    with daemon.client(transport) as second:
+        assert second.process_output(bg)["status"] == "running"
+        assert second.shell_run(session, "echo again")["output"] == "again\n"
+        second.session_close(session)
+    assert wait_gone(sleeps_in(daemon, "4545"), timeout=30) == []

@@ -21,8 +21,9 @@ from toolsd.cli import (
     serve,
     start,
     status,
+    token,
 )
-from toolsd.cli.common import CommandFailed
+from toolsd.cli.common import CommandFailed, add_connection_options
 from toolsd.cli.help import ToolsdParser
 from toolsd.cli.messages import for_person
 from toolsd.client import ToolsdError
@@ -30,7 +31,7 @@ from toolsd.client import ToolsdError
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
 COMMANDS = (serve, status, doctor, open_session, exec_, start, close_session, image, ps, logs,
-            attach, kill, repl, forward, agent_cli, mcp_server)
+            attach, kill, repl, forward, agent_cli, mcp_server, token)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--socket", default=argparse.SUPPRESS,
-                        help="daemon socket (default: $TOOLSD_SOCKET, "
-                             "$XDG_RUNTIME_DIR/toolsd/toolsd.sock, /tmp/toolsd-$UID/toolsd.sock)")
+    add_connection_options(common)
     parser = argparse.ArgumentParser(prog="toolsd", parents=[common],
                                      description="Sandboxed tool execution for AI agents.")
     sub = parser.add_subparsers(metavar="COMMAND", parser_class=ToolsdParser)

@@ -27,7 +27,8 @@ def add_parser(sub, common) -> None:
 def cmd_ps(args) -> int:
     with connect(args) as c:
         procs = c.process_list(args.session)["processes"]
-        open_sessions = {s["session"] for s in c.session_list()["sessions"]}
+        sessions = c.session_list()["sessions"]
+        open_sessions = {s["session"] for s in sessions}
         # A closed session's processes are still listed; an id nobody knows is a typo.
         if args.session is not None and not procs and args.session not in open_sessions:
             print(f"toolsd ps: no session {_printable(args.session)}; `toolsd ps` lists the "
@@ -48,22 +49,29 @@ def cmd_ps(args) -> int:
         print(json.dumps(procs, indent=2))
         return 0
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-    print(format_table(procs, now=time.time(), width=width))
+    tenants = {s["session"]: s.get("tenant", "local") for s in sessions}
+    print(format_table(procs, now=time.time(), width=width, tenants=tenants))
     return 0
 
 
-def format_table(procs: list[dict], *, now: float, width: int | None = None) -> str:
-    """The `toolsd ps` table; the command column is cut to `width` when one is given."""
-    rows = [COLUMNS]
+def format_table(procs: list[dict], *, now: float, width: int | None = None,
+                 tenants: dict[str, str] | None = None) -> str:
+    """The `toolsd ps` table; the command column is cut to `width` when one is given. With
+    `tenants` (session -> tenant) naming any but the local one, a TENANT column says whose
+    each process is ("?" for a session closed since)."""
+    by_tenant = tenants is not None and any(t != "local" for t in tenants.values())
+    columns = COLUMNS[:2] + ("TENANT",) + COLUMNS[2:] if by_tenant else COLUMNS
+    rows = [columns]
     for p in sorted(procs, key=lambda p: _id_number(p["id"])):
+        tenant = (_printable(tenants.get(p["session"], "?")),) if by_tenant else ()
         rows.append((
-            p["id"], p["session"], str(p["pid"]), _status(p),
+            p["id"], p["session"], *tenant, str(p["pid"]), _status(p),
             format_duration((p["ended_at"] or now) - p["started_at"]),
             f"{p['cpu_percent']:.1f}%", format_bytes(p["rss_bytes"]), str(p["descendants"]),
             _printable(_one_line(
                 f"{p['name']}: {p['command']}" if p["name"] else p["command"])),
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns) - 1)]
     lines = []
     for row in rows:
         line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]

@@ -15,7 +15,7 @@ import codeop
 import os
 import sys
 
-from toolsd.cli.common import CommandFailed, connect, daemon_socket, socket_of
+from toolsd.cli.common import CommandFailed, connect, daemon_socket
 from toolsd.cli.messages import for_person
 from toolsd.cli.open_session import add_session_options, open_options, refuse_with_session
 from toolsd.cli.repl_output import ReplOutput
@@ -117,7 +117,7 @@ def cmd_repl(args: argparse.Namespace) -> int:
                                         f"a folder of yours", 2)
     if args.session is not None:
         refuse_with_session(args, "repl")
-        return ReplSession(args, socket_of(args)).run()
+        return ReplSession(args, None).run()
     options = open_options(args, "repl")
     with daemon_socket(args, "repl") as path:
         return ReplSession(args, path, options).run()
@@ -132,7 +132,7 @@ class ReplSession:
     kept one (its REPL goes, the session stays). After the daemon is gone there is nothing
     to close: the run says the session is lost and exits 1."""
 
-    def __init__(self, args, path: str, open_params: dict | None = None):
+    def __init__(self, args, path, open_params: dict | None = None):
         self.args = args
         self.path = path
         self.open_params = open_params  # None: args.session is kept by `toolsd open`

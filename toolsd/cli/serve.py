@@ -37,6 +37,18 @@ def add_parser(sub, common) -> None:
     p.add_argument("--forward-bind", action="append", default=[], metavar="ADDR",
                    help="let port.forward listen on ADDR, not only on loopback (repeatable; "
                         "default: loopback only)")
+    p.add_argument("--listen", action="append", default=[], metavar="tls://HOST:PORT",
+                   help="also serve clients on other machines over TLS 1.3, with tokens "
+                        "(repeatable; docs/remote.md)")
+    p.add_argument("--tls-cert", metavar="PEM", help="the certificate for --listen (default: "
+                   "a self-signed one made in the state folder at first start)")
+    p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    p.add_argument("--tokens", metavar="FILE",
+                   help="lines `TENANT TOKEN` or `TENANT sha256:HEX`, readable by you alone "
+                        "(default: one token for tenant `default`, made in the state folder)")
+    p.add_argument("--work-root", metavar="DIR",
+                   help="where sessions opened without a workspace get theirs (default: "
+                        "workspaces/ in the state folder)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log every request and sandbox step on stderr")
     p.set_defaults(func=cmd_serve)
@@ -69,6 +81,7 @@ def cmd_serve(args) -> int:
     try:
         hidden, shown = daemon.hidden_and_shown(args.hide, args.show)
         forward_binds = daemon.check_forward_binds(args.forward_bind)
+        work_root = daemon.check_work_root(args.work_root) if args.work_root else None
     except ValueError as e:
         print(f"toolsd: {e}", file=sys.stderr)
         return 2
@@ -82,6 +95,11 @@ def cmd_serve(args) -> int:
         warm_spare=args.warm_spare,
         idle_timeout_s=args.idle_timeout,
         forward_binds=forward_binds,
+        work_root=work_root,
+        listen=tuple(args.listen),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tokens_file=os.path.abspath(args.tokens) if args.tokens else None,
     )
     try:
         daemon.run(config)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from toolsd.cli.common import connect, socket_of
+from toolsd.cli.common import connect, where
 
 
 def add_parser(sub, common) -> None:
@@ -22,7 +22,7 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps({"hello": hello, "sessions": sessions}, indent=2))
         return 0
-    print(f"{hello['server']} on {socket_of(args)}")
+    print(f"{hello['server']} on {where(args)} (as tenant {hello.get('tenant', 'local')})")
     print(f"sandbox: {hello['sandbox']}; shells: {', '.join(hello['shells'])}; "
           f"languages: {', '.join(hello['languages'])}")
     print(f"sessions: {len(sessions)}")
@@ -30,7 +30,8 @@ def cmd_status(args) -> int:
         mode = "rw" if s["writable"] else "ro"
         dead = "" if s.get("alive", True) else "  DEAD (its sandbox died)"
         print(f"  {s['session']}  {s['workspace']}  {s['sandbox']}  net={s['network']}  {mode}  "
-              f"processes={s['processes']}  repls={s['repls']}{dead}")
+              f"processes={s['processes']}  repls={s['repls']}  "
+              f"tenant={s.get('tenant', 'local')}{dead}")
         host_exec = s.get("host_exec") or []
         if host_exec:
             print(f"    the host's git would run what this session added "

@@ -16,22 +16,33 @@ from toolsd.client.core import (
     Methods,
     connect_steps,
 )
+from toolsd.client.remote import (
+    Target,
+    check_certificate,
+    hello_params,
+    refused,
+    resolve_target,
+    tls_context,
+)
 from toolsd.wire.events import Event
-from toolsd.wire.paths import resolve_socket_path
 
 
 class AsyncClient(Methods):
     """Async client for trio or asyncio (whichever runs it, found with sniffio).
 
     Several tasks may call at once: whoever waits reads, and hands other tasks their replies.
-    Use `await AsyncClient.connect(path)` and `await client.aclose()` (or `async with`).
+    Use `await AsyncClient.connect(url)` and `await client.aclose()` (or `async with`); the
+    URL and its `token`, `fingerprint`, `cafile` are as for the blocking Client (a TLS one
+    authenticates in `connect`; `server_hello` holds the daemon's hello).
     A call whose task is cancelled sends a `cancel` for its request, so what the request
     started (a shell.run's command, a repl.exec's code) is ended by the daemon, not left
     running until its timeout.
     """
 
-    def __init__(self, backend: _Backend, socket_path: str):
-        self.socket_path = socket_path
+    def __init__(self, backend: _Backend, target: Target):
+        self.target = target
+        self.socket_path = target.where
+        self.server_hello: dict | None = None
         self._io = backend
         self._proto = ClientCore()
         self._send_lock = backend.lock()
@@ -39,10 +50,20 @@ class AsyncClient(Methods):
         self._arrived = backend.event()
 
     @classmethod
-    async def connect(cls, socket_path: str | None = None) -> AsyncClient:
-        path = resolve_socket_path(socket_path)
-        backend = await _Backend.open(path)
-        return cls(backend, path)
+    async def connect(cls, url: str | Target | None = None, *, token: str | None = None,
+                      fingerprint: str | None = None,
+                      cafile: str | None = None) -> AsyncClient:
+        """Connected (and, over TLS, authenticated); `connect(client.target)` connects again
+        to the same daemon with the same credentials."""
+        target = resolve_target(url, token=token, fingerprint=fingerprint, cafile=cafile)
+        client = cls(await _Backend.open(target), target)
+        if target.tls:
+            try:
+                client.server_hello = await client.call("hello", **hello_params(target))
+            except BaseException:
+                await client.aclose()
+                raise
+        return client
 
     async def call(self, method: str, on_event: Callable[[Event], Any] | None = None,
                    **params: Any) -> Any:
@@ -163,15 +184,19 @@ class _Backend:
     """The few I/O calls AsyncClient needs, for trio or asyncio."""
 
     @staticmethod
-    async def open(path: str) -> _Backend:
+    async def open(target: Target) -> _Backend:
         import sniffio
 
         library = sniffio.current_async_library()
         if library == "trio":
-            return await _TrioBackend.open(path)
-        if library == "asyncio":
-            return await _AsyncioBackend.open(path)
-        raise RuntimeError(f"AsyncClient supports trio and asyncio, not {library}")
+            backend = _TrioBackend
+        elif library == "asyncio":
+            backend = _AsyncioBackend
+        else:
+            raise RuntimeError(f"AsyncClient supports trio and asyncio, not {library}")
+        if target.tls:
+            return await backend.open_tls(target)
+        return await backend.open(target.where)
 
     @staticmethod
     async def connect(path: str, sleep) -> socket.socket:
@@ -200,6 +225,27 @@ class _TrioBackend(_Backend):
 
         sock = await _Backend.connect(path, trio.sleep)
         return cls(trio.SocketStream(trio.socket.from_stdlib_socket(sock)))
+
+    @classmethod
+    async def open_tls(cls, target: Target) -> _TrioBackend:
+        import trio
+
+        host = target.address.host
+        try:
+            tcp = await trio.open_tcp_stream(host, target.address.port)
+        except OSError as e:
+            raise refused(target, e) from None
+        stream = trio.SSLStream(tcp, tls_context(target), server_hostname=host)
+        try:
+            try:
+                await stream.do_handshake()
+            except trio.BrokenResourceError as e:
+                raise refused(target, e.__cause__ or e) from None
+            check_certificate(target, stream.getpeercert(binary_form=True))
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        return cls(stream)
 
     def lock(self):
         return self._trio.Lock()
@@ -250,6 +296,25 @@ class _AsyncioBackend(_Backend):
         except BaseException:
             sock.close()
             raise
+
+    @classmethod
+    async def open_tls(cls, target: Target) -> _AsyncioBackend:
+        import asyncio
+
+        host = target.address.host
+        try:
+            reader, writer = await asyncio.open_connection(
+                host, target.address.port, ssl=tls_context(target), server_hostname=host,
+                limit=2**20)
+        except OSError as e:
+            raise refused(target, e) from None
+        backend = cls(reader, writer)
+        try:
+            check_certificate(target, writer.get_extra_info("ssl_object").getpeercert(True))
+        except BaseException:
+            await backend.aclose()
+            raise
+        return backend
 
     def lock(self):
         return self._asyncio.Lock()

@@ -1,7 +1,9 @@
-"""The blocking client: one request at a time over a blocking socket."""
+"""The blocking client: one request at a time over a blocking socket (Unix, or TCP with
+TLS: see remote.py)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,26 +16,72 @@ from toolsd.client.core import (
     Methods,
     connect_steps,
 )
+from toolsd.client.remote import (
+    Target,
+    check_certificate,
+    hello_params,
+    refused,
+    resolve_target,
+    tls_context,
+)
 from toolsd.wire.events import Event
-from toolsd.wire.paths import resolve_socket_path
 
 
 class Client(Methods):
-    """Blocking client; one request at a time (use one Client per thread)."""
+    """Blocking client; one request at a time (use one Client per thread).
 
-    def __init__(self, socket_path: str | None = None, *, timeout: float | None = None):
-        self.socket_path = resolve_socket_path(socket_path)
+    `url`: `unix:///path`, `tls://host:port` or a socket path (default: $TOOLSD_URL, else
+    the default socket); for TLS, `token`, and `fingerprint` or `cafile` (remote.py). A TLS
+    client authenticates at once: `server_hello` holds the daemon's hello (its `tenant`)."""
+
+    def __init__(self, url: str | Target | None = None, *, token: str | None = None,
+                 fingerprint: str | None = None, cafile: str | None = None,
+                 timeout: float | None = None):
+        self.target = resolve_target(url, token=token, fingerprint=fingerprint, cafile=cafile)
+        self.socket_path = self.target.where
         self._proto = ClientCore()
-        connecting = connect_steps(self.socket_path, CONNECT_WAIT_S if timeout is None
-                                   else min(timeout, CONNECT_WAIT_S))
-        try:
-            while True:
-                time.sleep(next(connecting))
-        except StopIteration as connected:
-            self._sock = connected.value
-        finally:
-            connecting.close()
+        self.server_hello: dict | None = None
+        wait = CONNECT_WAIT_S if timeout is None else min(timeout, CONNECT_WAIT_S)
+        if self.target.tls:
+            self._sock = self._connect_tls(wait)
+        else:
+            connecting = connect_steps(self.socket_path, wait)
+            try:
+                while True:
+                    time.sleep(next(connecting))
+            except StopIteration as connected:
+                self._sock = connected.value
+            finally:
+                connecting.close()
         self._sock.settimeout(timeout)
+        if self.target.tls:
+            try:
+                self.server_hello = self.call("hello", **hello_params(self.target))
+            except BaseException:
+                self.close()
+                raise
+
+    def _connect_tls(self, wait: float) -> socket.socket:
+        target = self.target
+        host, port = target.address.host, target.address.port
+        try:
+            sock = socket.create_connection((host, port), timeout=wait)
+        except OSError as e:
+            raise refused(target, e) from None
+        # Small frames go out at once: with Nagle's algorithm the hello that follows the
+        # handshake waited for a delayed ACK (40 ms on Linux).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            tls = tls_context(target).wrap_socket(sock, server_hostname=host)
+        except OSError as e:
+            sock.close()
+            raise refused(target, e) from None
+        try:
+            check_certificate(target, tls.getpeercert(binary_form=True))
+        except BaseException:
+            tls.close()
+            raise
+        return tls
 
     def call(self, method: str, on_event: Callable[[Event], Any] | None = None,
              **params: Any) -> Any:

@@ -176,8 +176,10 @@ class Methods:
     def hello(self, client: str = "toolsd-client"):
         return self.call("hello", client=client)
 
-    def session_open(self, workspace: str, **options: Any):
-        return self.call("session.open", workspace=workspace,
+    def session_open(self, workspace: str | None = None, **options: Any):
+        """Without `workspace` (protocol 1.2): the daemon makes a fresh folder for the
+        session, removed at its close; the result's `workspace` names it."""
+        return self.call("session.open", **_params(workspace=workspace),
                          **checked("session.open", options, "workspace"))
 
     def session_close(self, session: str):

@@ -19,6 +19,7 @@ import trio
 
 from toolsd.daemon import dispatch
 from toolsd.daemon.requests import Entry, RequestTable, State
+from toolsd.daemon.tenants import LOCAL
 from toolsd.runtime.fdio import READ_SIZE, FdReader, write_all
 from toolsd.wire.events import encode_event
 from toolsd.wire.framing import FrameReader, FrameTooLarge, encode_frame
@@ -53,10 +54,12 @@ FRAMES_PER_TURN = 4
 
 
 class Connection:
-    def __init__(self, stream: trio.SocketStream, supervisor: Supervisor, max_frame: int):
+    def __init__(self, stream: trio.SocketStream, supervisor: Supervisor, max_frame: int,
+                 tenant: str = LOCAL):
         self.stream = stream
         self.supervisor = supervisor
         self.max_frame = max_frame
+        self.tenant = tenant  # whose ids it may name (daemon/tenants.py)
         self.fd = stream.socket.fileno()
         self.send_lock = trio.Lock()
         self.requests = RequestTable(MAX_IN_FLIGHT, start_task=self._start_task,
@@ -205,7 +208,8 @@ class Connection:
             return False
         self.requests.detach(entry)
         try:
-            if method.detached(self.supervisor, method.decode(request), entry):
+            if method.detached(self.supervisor,
+                               method.admit(self.supervisor, request, self.tenant), entry):
                 return True
         except ToolsdError:
             pass  # said again, and answered, the usual way
@@ -319,9 +323,8 @@ class Connection:
         if method is None:
             raise ToolsdError(UNKNOWN_METHOD, f"unknown method {request.method!r}; known: "
                               f"{', '.join(sorted(dispatch.METHODS) + ['cancel'])}")
-        if method.takes_answer:
-            return await method.handler(self.supervisor, method.decode(request), entry)
-        return await method.handler(self.supervisor, method.decode(request))
+        params = method.admit(self.supervisor, request, self.tenant)
+        return await method.call(self.supervisor, params, entry, self.tenant)
 
     def cancel(self, request: Request) -> Reply:
         try:

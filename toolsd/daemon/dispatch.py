@@ -7,6 +7,12 @@ ToolsdError for a reply with an error code. `cancel` is the connection's own (it
 the connection, not the sessions). A call that names a session or one of its processes runs
 inside `session.call()`, which keeps the session from counting as idle; the listings
 (session.list, process.list) are looks from outside and do not.
+
+Tenants (daemon/tenants.py): a row whose params name a session or a process says so
+(`scope=SESSION` for `params.session`, `scope=PROCESS` for `params.id`), and the connection
+admits a request only once `tenants.check` found that id the caller's (`Method.admit`):
+another tenant's is the not_found of an unknown id, before the handler runs. A new method
+that takes such an id needs nothing but its scope; tests/test_tenants.py tries every row.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Final, Generic, TypeVar
 import msgspec
 import trio
 
+from toolsd.daemon.tenants import LOCAL, Scope, check, visible
 from toolsd.tools import images, processes, repl, shell
 from toolsd.tools.calls import Answer, Detached
 from toolsd.wire.ports import (
@@ -85,12 +92,30 @@ class Method(Generic[P]):
     # before doing anything (work it gave `detached.after` is then dropped): the request
     # then runs the usual way, which answers any error.
     detached: Callable[[Supervisor, P, Detached], bool] | None = None
+    # Which id in the params names what the call touches: tenants.check runs on it before
+    # the handler, so another tenant's id is not_found (daemon/tenants.py).
+    scope: Scope = Scope.NONE
+    # The handler also takes `tenant=` (the caller's): for what lists or makes sessions.
+    takes_tenant: bool = False
 
     def decode(self, request: Request) -> P:
         return decode(self.params, request)
 
+    def admit(self, sup: Supervisor, request: Request, tenant: str) -> P:
+        """The params, once `tenant` may touch what they name (else ToolsdError)."""
+        params = decode(self.params, request)
+        check(sup, tenant, self.scope, params)
+        return params
 
-async def hello(sup: Supervisor, p: HelloParams) -> HelloResult:
+    def call(self, sup: Supervisor, params: P, answer: Answer, tenant: str):
+        """The handler's awaitable for these (admitted) params."""
+        extra = {"tenant": tenant} if self.takes_tenant else {}
+        if self.takes_answer:
+            return self.handler(sup, params, answer, **extra)
+        return self.handler(sup, params, **extra)
+
+
+async def hello(sup: Supervisor, p: HelloParams, tenant: str = LOCAL) -> HelloResult:
     return HelloResult(
         protocol=1,
         server=sup.server_name,
@@ -99,11 +124,13 @@ async def hello(sup: Supervisor, p: HelloParams) -> HelloResult:
         languages=sup.host_languages,
         max_frame=sup.config.max_frame,
         features=list(FEATURES),
+        tenant=tenant,
     )
 
 
-async def session_open(sup: Supervisor, p: SessionOpenParams) -> SessionOpenResult:
-    session = await sup.open_session(p)
+async def session_open(sup: Supervisor, p: SessionOpenParams,
+                       tenant: str = LOCAL) -> SessionOpenResult:
+    session = await sup.open_session(p, tenant)
     return SessionOpenResult(session=session.id, sandbox=session.sandbox_kind,
                              workspace=session.workspace)
 
@@ -112,9 +139,11 @@ async def session_close(sup: Supervisor, p: SessionParams) -> SessionCloseResult
     return await sup.close_session(p.session)
 
 
-async def session_list(sup: Supervisor, p: SessionListParams) -> SessionListResult:
+async def session_list(sup: Supervisor, p: SessionListParams,
+                       tenant: str = LOCAL) -> SessionListResult:
     return SessionListResult(sessions=[s.info(sup.forwards.info(s.id))
-                                       for s in sup.open_sessions()])
+                                       for s in sup.open_sessions()
+                                       if visible(tenant, s.tenant)])
 
 
 async def turn_begin(sup: Supervisor, p: SessionParams) -> TurnBeginResult:
@@ -178,8 +207,13 @@ async def port_close(sup: Supervisor, p: PortCloseParams) -> PortCloseResult:
         return await session.reported(await sup.forwards.close(session, p.port))
 
 
-async def process_list(sup: Supervisor, p: ProcessListParams) -> ProcessListResult:
-    return await processes.listing(sup, p)
+async def process_list(sup: Supervisor, p: ProcessListParams,
+                       tenant: str = LOCAL) -> ProcessListResult:
+    listed = await processes.listing(sup, p)
+    if tenant != LOCAL:
+        mine = {bg.id for bg in sup.processes.values() if bg.session.tenant == tenant}
+        listed.processes = [info for info in listed.processes if info.id in mine]
+    return listed
 
 
 async def image_read(sup: Supervisor, p: ImageReadParams) -> ImageReadResult:
@@ -208,25 +242,28 @@ def repl_exec_detached(sup: Supervisor, p: ReplExecParams, detached: Detached) -
     return started
 
 
+SESSION, PROCESS = Scope.SESSION, Scope.PROCESS
+
 METHODS: Final[dict[str, Method]] = {
-    "hello": Method(HelloParams, hello),
-    "session.open": Method(SessionOpenParams, session_open),
-    "session.close": Method(SessionParams, session_close),
-    "session.list": Method(SessionListParams, session_list),
-    "turn.begin": Method(SessionParams, turn_begin),
-    "turn.end": Method(TurnEndParams, turn_end),
-    "shell.run": Method(ShellRunParams, shell_run, takes_answer=True),
+    "hello": Method(HelloParams, hello, takes_tenant=True),
+    "session.open": Method(SessionOpenParams, session_open, takes_tenant=True),
+    "session.close": Method(SessionParams, session_close, scope=SESSION),
+    "session.list": Method(SessionListParams, session_list, takes_tenant=True),
+    "turn.begin": Method(SessionParams, turn_begin, scope=SESSION),
+    "turn.end": Method(TurnEndParams, turn_end, scope=SESSION),
+    "shell.run": Method(ShellRunParams, shell_run, takes_answer=True, scope=SESSION),
     "repl.exec": Method(ReplExecParams, repl_exec, takes_answer=True,
-                        detached=repl_exec_detached),
-    "process.start": Method(ProcessStartParams, process_start),
-    "process.output": Method(ProcessOutputParams, process_output, takes_answer=True),
-    "process.stop": Method(ProcessStopParams, process_stop),
-    "process.write": Method(ProcessWriteParams, process_write),
-    "process.resize": Method(ProcessResizeParams, process_resize),
-    "process.list": Method(ProcessListParams, process_list),
-    "image.read": Method(ImageReadParams, image_read),
-    "port.forward": Method(PortForwardParams, port_forward),
-    "port.close": Method(PortCloseParams, port_close),
+                        detached=repl_exec_detached, scope=SESSION),
+    "process.start": Method(ProcessStartParams, process_start, scope=SESSION),
+    "process.output": Method(ProcessOutputParams, process_output, takes_answer=True,
+                             scope=PROCESS),
+    "process.stop": Method(ProcessStopParams, process_stop, scope=PROCESS),
+    "process.write": Method(ProcessWriteParams, process_write, scope=PROCESS),
+    "process.resize": Method(ProcessResizeParams, process_resize, scope=PROCESS),
+    "process.list": Method(ProcessListParams, process_list, scope=SESSION, takes_tenant=True),
+    "image.read": Method(ImageReadParams, image_read, scope=SESSION),
+    "port.forward": Method(PortForwardParams, port_forward, scope=SESSION),
+    "port.close": Method(PortCloseParams, port_close, scope=SESSION),
 }
 
 

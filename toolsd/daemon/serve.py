@@ -23,6 +23,7 @@ import sys
 import trio
 
 from toolsd.daemon.connection import Connection
+from toolsd.daemon.workspaces import check_work_root  # noqa: F401  (for cli/serve.py)
 from toolsd.daemon.state import StateInUse, ensure_private_dir
 from toolsd.daemon.supervisor import Config, Supervisor
 from toolsd.sandbox import home
@@ -115,8 +116,22 @@ def run(config: Config, *, announce=print) -> None:
                     "watched until one can be made (fs.inotify.max_user_instances)", e)
     try:
         trio.run(_main, config, bwrap, why_not, announce)
+    except BaseExceptionGroup as group:
+        raise _startup_error(group) from None
     finally:
         os.close(lock_fd)
+
+
+def _startup_error(group: BaseExceptionGroup) -> BaseException:
+    """The StartupError a nursery wrapped, plain, so `toolsd serve` prints its message; the
+    group itself when it holds anything else."""
+    found, rest = group.split(StartupError)
+    if found is None or rest is not None:
+        return group
+    error: BaseException = found
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 async def _main(config: Config, bwrap, why_not: str, announce) -> None:
@@ -136,8 +151,17 @@ async def _main(config: Config, bwrap, why_not: str, announce) -> None:
             # cancels every in-flight request (sessions are the supervisor's, not theirs).
             async with trio.open_nursery() as accepting:
                 await accepting.start(serve, supervisor, sock, config.max_frame)
+                try:
+                    remote_lines = await listen_tls(config, supervisor, accepting)
+                except StartupError:
+                    sock.close()
+                    _unlink(config.socket_path)
+                    await supervisor.aclose()
+                    raise
                 announce(f"toolsd listening on {config.socket_path} "
                          f"(sandbox: {supervisor.sandbox_kind})", flush=True)
+                for line in remote_lines:
+                    announce(line, flush=True)
                 announce(f"try: {typed_command()} --socket {config.socket_path} exec -- echo "
                          f"hello", flush=True)
                 async for signum in signals:
@@ -162,6 +186,35 @@ def typed_command() -> str:
         return "toolsd"
     relative = os.path.relpath(script)
     return relative if not relative.startswith("..") else script
+async def listen_tls(config: Config, supervisor: Supervisor,
+                     nursery: trio.Nursery) -> list[str]:
+    """Start a TLS listener for each --listen URL; the lines that say where (none without)."""
+    if not config.listen:
+        return []
+    from toolsd.daemon import remote_setup, tls_serve  # cryptography: only for TCP
+
+    try:
+        addresses = [remote_setup.parse_listen(url) for url in config.listen]
+        remote = remote_setup.prepare(
+            supervisor.state.path, [a.host for a in addresses], cert=config.tls_cert,
+            key=config.tls_key, tokens_file=config.tokens_file)
+    except remote_setup.SetupError as e:
+        raise StartupError(str(e)) from None
+    urls = []
+    for address in addresses:
+        try:
+            bound = await nursery.start(tls_serve.serve_tls, supervisor, remote, address.host,
+                                        address.port, config.max_frame)
+        except OSError as e:
+            raise StartupError(f"--listen {address}: cannot listen there ({e.strerror}); "
+                               f"pick another port or host") from None
+        urls += [str(type(address)("tls", host=host, port=port)) for host, port in bound]
+    fingerprint = remote.certificate.fingerprint
+    remote_setup.write_info(supervisor.state.path, urls, fingerprint, config.tokens_file,
+                            config.socket_path)
+    tenants = ", ".join(remote.tokens.table.tenants) or "none yet"
+    return [f"toolsd listening on {url} (TLS 1.3, fingerprint {fingerprint}; tenants: "
+            f"{tenants}; `toolsd token` prints what a client needs)" for url in urls]
 
 
 def _unlink(path: str) -> None:

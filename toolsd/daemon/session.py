@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 import trio
 
+from toolsd.daemon import workspaces
 from toolsd.daemon.activity import Activity
+from toolsd.daemon.session_memory import MemoryNotes
 from toolsd.daemon.turn import Turn
 from toolsd.sandbox import cgroups, home
 from toolsd.sandbox.guards import MountGuard
@@ -54,11 +56,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("toolsd.session")
 
 
-class Session:
-    def __init__(self, session_id: str, supervisor: Supervisor, params: SessionOpenParams):
+class Session(MemoryNotes):
+    def __init__(self, session_id: str, supervisor: Supervisor, params: SessionOpenParams,
+                 made_workspace: bool = False):
         self.id = session_id
         self.supervisor = supervisor
         self.workspace = check_workspace(params.workspace)
+        # The daemon made it (daemon/workspaces.py): run() removes it at close.
+        self.made_workspace = made_workspace
+        self.tenant = "local"  # who opened it (daemon/tenants.py); the supervisor sets it
         self.network = params.network
         self.writable = params.writable
         try:
@@ -101,7 +107,8 @@ class Session:
         # The session's home folder: bound at HOME's real path (docs/sandbox.md, "The home
         # folder"), named after the session's first id (a spare keeps its folders' names).
         self.home_dir = self.scratch + "-home"
-        check_outside(self.workspace, supervisor.hidden_paths())
+        if not made_workspace:  # a made one lies in the work root, hidden from the others
+            check_outside(self.workspace, supervisor.hidden_paths())
         home_path = os.path.expanduser("~")
         view = plan_view(home_path=home_path, workspace=self.workspace,
                          hidden_paths=supervisor.hidden_paths(), shown=supervisor.config.shown)
@@ -223,6 +230,8 @@ class Session:
                 await self.repositories.aclose()
                 await trio.to_thread.run_sync(shutil.rmtree, self.scratch, True)
                 await trio.to_thread.run_sync(shutil.rmtree, self.home_dir, True)
+                if self.made_workspace:
+                    await trio.to_thread.run_sync(workspaces.remove, self.workspace)
 
     async def close(self) -> SessionCloseResult | None:
         """End everything of the session; idempotent (a second caller waits for the first)."""
@@ -251,6 +260,8 @@ class Session:
             self._stop.set()
             if self.launcher is not None:
                 await self.launcher.aclose()
+            if self.made_workspace:  # gone by the time close answers (and again in run())
+                await trio.to_thread.run_sync(workspaces.remove, self.workspace)
             self.close_result = result
             self._close_done.set()
         return self.close_result
@@ -304,29 +315,6 @@ class Session:
         result.host_exec = await self.repositories.look() or UNSET
         return result
 
-    # ------------------------------------------------------------ memory
-
-    def oom_kills(self) -> int | None:
-        """The session's count of processes ended by the kernel's OOM killer (None without a
-        memory cgroup): take it before a call, and `memory_note` says afterwards whether
-        the call met the memory limit."""
-        return self.cgroup.oom_kills() if self.cgroup is not None else None
-
-    def memory_limit_hit(self, oom_kills_before: int | None) -> bool:
-        """Whether the OOM killer ended a process of the session since `oom_kills_before`
-        was taken."""
-        now = self.oom_kills()
-        return oom_kills_before is not None and now is not None and now > oom_kills_before
-
-    def memory_note(self, oom_kills_before: int | None) -> str:
-        """A line saying that the session's memory limit was reached, if the OOM killer
-        ended a process of the session since `oom_kills_before` was taken; else ""."""
-        if not self.memory_limit_hit(oom_kills_before):
-            return ""
-        return (f"[the session's memory limit ({self.limits.memory_mb} MB) was reached: the "
-                f"kernel's OOM killer ended a process of the session with SIGKILL while this "
-                f"ran; use less memory, or open the session with a larger limits.memory_mb]")
-
     # ------------------------------------------------------------ turns
 
     def begin_turn(self) -> str:
@@ -377,7 +365,8 @@ class Session:
             network=self.network, writable=self.writable, forwards=list(forwards),
             processes=sum(1 for bg in self.processes.values() if bg.running),
             repls=sum(t.repl_count for t in self.turns.values()), opened_at=self.opened_at,
-            alive=self.alive, host_exec=self.repositories.last_seen() or UNSET)
+            alive=self.alive, host_exec=self.repositories.last_seen() or UNSET,
+            tenant=self.tenant)
 
     # ------------------------------------------------------------ paths
 

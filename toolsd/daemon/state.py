@@ -42,7 +42,7 @@ class StateDir:
         self._lock_fd = self._lock()
         # Logs and scratch folders of a previous daemon (killed, so it could not clean up):
         # its processes died with it (--die-with-parent), and new ids never name them again.
-        for folder in (self.logs, self.scratch):
+        for folder in (self.logs, self.scratch, self.workspaces):
             shutil.rmtree(folder, ignore_errors=True)
             ensure_private_dir(folder)
         self._counters: dict[str, int] = {}  # the last value handed out
@@ -82,6 +82,11 @@ class StateDir:
     def scratch(self) -> str:
         """Per-session /tmp folders live here (removed at session close)."""
         return os.path.join(self.path, "scratch")
+
+    @property
+    def workspaces(self) -> str:
+        """The default work root: folders of sessions opened without a workspace."""
+        return os.path.join(self.path, "workspaces")
 
     def next_id(self, name: str) -> int:
         """The next value of a counter that never goes back, even across restarts. Values are

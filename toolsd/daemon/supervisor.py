@@ -15,12 +15,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Iterator
 
+import msgspec
 import trio
 
 from toolsd import __version__
+from toolsd.daemon import workspaces
 from toolsd.daemon.session import Session
 from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state import StateDir
+from toolsd.daemon.tenants import LOCAL
 from toolsd.sandbox import cgroups
 from toolsd.sandbox.policy import Limits
 from toolsd.tools import process_names
@@ -52,6 +55,15 @@ class Config:
     # Close sessions idle for this long (--idle-timeout; see activity.Activity); None: never.
     idle_timeout_s: float | None = None
     forward_binds: tuple[str, ...] = ()  # port.forward's binds beyond loopback (--forward-bind)
+    # Where sessions opened without a workspace get theirs (--work-root); None: workspaces/
+    # in the state folder (see workspaces.py).
+    work_root: str | None = None
+    # TCP with TLS (remote_setup.py, tls_serve.py): --listen URLs, --tls-cert/--tls-key,
+    # --tokens.
+    listen: tuple[str, ...] = ()
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tokens_file: str | None = None
 
 
 # Why recently ended sessions ended, kept for calls that still name them: at most this many.
@@ -78,7 +90,9 @@ class Supervisor:
         self.spares = SparePool(self)
         self.host_shells = [s for s in ("bash", "sh") if shutil.which(s)]
         self.host_languages = ["python"] + (["node"] if shutil.which("node") else [])
-        self._ended: dict[str, str] = {}  # session id -> why toolsd closed it by itself
+        # session id -> (why toolsd closed it by itself, its tenant)
+        self._ended: dict[str, tuple[str, str]] = {}
+        self.work_root = config.work_root or self.state.workspaces
         self.cgroup_places, why_no_cgroup = cgroups.find_places()
         if "pids" not in self.cgroup_places:
             log.warning("sessions' process counts are limited by RLIMIT_NPROC only, which does "
@@ -108,18 +122,29 @@ class Supervisor:
     def hidden_paths(self) -> tuple[str, ...]:
         """Folders sandboxed code must never reach: the daemon's own, and --hide ones."""
         socket_dir = os.path.dirname(self.config.socket_path)
-        return (socket_dir, self.state.path, *self.config.hidden)
+        return (socket_dir, self.state.path, self.work_root, *self.config.hidden)
 
     # ------------------------------------------------------------ sessions
 
-    async def open_session(self, params: SessionOpenParams) -> Session:
+    async def open_session(self, params: SessionOpenParams, tenant: str = LOCAL) -> Session:
         if self.closing:
             raise ToolsdError(SESSION_CLOSED, "toolsd is shutting down; start it again")
         session_id = f"s{self.state.next_id('session')}"
-        session = Session(session_id, self, params)
-        spare = self.spares.claim(session)
+        made = params.workspace is None
+        if made:  # its own folder, which Session.run removes at close
+            params = msgspec.structs.replace(
+                params, workspace=workspaces.make(self.work_root, session_id))
+        try:
+            session = Session(session_id, self, params, made_workspace=made)
+        except BaseException:
+            if made:
+                workspaces.remove(params.workspace)
+            raise
+        session.tenant = tenant
+        spare = self.spares.claim(session) if not made else None
         if spare is not None:
             spare.adopt(session_id)
+            spare.tenant = tenant
             await spare.repositories.rebaseline()
             session = spare
         else:
@@ -127,17 +152,17 @@ class Supervisor:
             if error is not None:
                 raise error
         self.sessions[session_id] = session
-        self.spares.make_soon(params)
+        if not made:  # a made folder is never asked for again: no spare for it
+            self.spares.make_soon(params)
         return session
 
     def session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None and session_id in self._ended:
-            raise ToolsdError(SESSION_CLOSED, f"session {session_id} {self._ended[session_id]}; "
-                              f"open a new session")
+            raise ToolsdError(SESSION_CLOSED, f"session {session_id} "
+                              f"{self._ended[session_id][0]}; open a new session")
         if session is None:
-            raise ToolsdError(NOT_FOUND, f"no session {session_id!r}; open one with session.open "
-                              f"(session.list shows the open ones)")
+            raise ToolsdError(NOT_FOUND, self.unknown_session(session_id))
         if session.closed:
             session.check_open()  # says why, if toolsd ended it
             raise ToolsdError(SESSION_CLOSED, f"session {session_id} is closed; open a new one")
@@ -173,10 +198,23 @@ class Supervisor:
 
     def _forget(self, session_id: str, why: str) -> None:
         """Drop a session from the registry, keeping why for calls that still name it."""
-        self.sessions.pop(session_id, None)
-        self._ended[session_id] = why
+        session = self.sessions.pop(session_id, None)
+        self._ended[session_id] = (why, session.tenant if session is not None else LOCAL)
         while len(self._ended) > ENDED_KEPT:
             del self._ended[next(iter(self._ended))]
+
+    def ended_tenant(self, session_id: str) -> str | None:
+        ended = self._ended.get(session_id)
+        return ended[1] if ended is not None else None
+
+    @staticmethod
+    def unknown_session(session_id: str) -> str:
+        return (f"no session {session_id!r}; open one with session.open (session.list shows "
+                f"the open ones)")
+
+    @staticmethod
+    def unknown_process(process_id: str) -> str:
+        return f"no background process {process_id!r}; process.list shows the known ones"
 
     def open_sessions(self) -> Iterator[Session]:
         return (s for s in self.sessions.values() if not s.closed)

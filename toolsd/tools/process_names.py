@@ -49,3 +49,13 @@ def by_name(processes: Iterable[BackgroundProcess], name: str,
         return named[-1]
     raise ToolsdError(NOT_FOUND, f"no background process with the id or name {name!r}{where}; "
                       f"process.list shows the known ones")
+
+
+def by_name_or_id(processes: Iterable[BackgroundProcess], ref: str,
+                  session_id: str | None) -> BackgroundProcess:
+    """The process `ref` names among `processes`: its id first, else by the rule above."""
+    processes = list(processes)
+    for bg in processes:
+        if bg.id == ref:
+            return bg
+    return by_name(processes, ref, session_id)

@@ -1,4 +1,4 @@
-"""The wire contract (../shared/PROTOCOL.md, version 1 and its additive 1.1) as msgspec Structs.
+"""The wire contract (../shared/PROTOCOL.md, version 1, its additive 1.1 and 1.2) as Structs.
 
 Every request's params and every result is a Struct here (process.write's and process.resize's
 in process_input.py); the decoders are built once at import. New fields always get defaults:
@@ -12,6 +12,11 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from toolsd.wire.errors import (  # noqa: F401 (re-exported: the contract's codes)
+    BAD_FRAME, FRAME_TOO_LARGE, UNKNOWN_METHOD, BAD_PARAMS, NOT_FOUND, SESSION_CLOSED,
+    CANCELLED, SANDBOX_UNAVAILABLE, LIMIT_EXCEEDED, NOT_AN_IMAGE, IMAGE_TOO_LARGE, IO_ERROR,
+    INTERNAL, UNAUTHORIZED, ToolsdError,
+)
 from toolsd.wire.ports import ForwardInfo
 from toolsd.wire.process_input import TerminalSide
 
@@ -19,35 +24,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "ports")
-
-# Error codes (the complete list of the contract).
-BAD_FRAME = "bad_frame"
-FRAME_TOO_LARGE = "frame_too_large"
-UNKNOWN_METHOD = "unknown_method"
-BAD_PARAMS = "bad_params"
-NOT_FOUND = "not_found"
-SESSION_CLOSED = "session_closed"
-CANCELLED = "cancelled"
-SANDBOX_UNAVAILABLE = "sandbox_unavailable"
-LIMIT_EXCEEDED = "limit_exceeded"
-NOT_AN_IMAGE = "not_an_image"
-IMAGE_TOO_LARGE = "image_too_large"
-IO_ERROR = "io_error"
-INTERNAL = "internal"
-
-
-class ToolsdError(Exception):
-    """An error reply: `code` is one of the contract's codes, `message` says what to do.
-
-    The daemon raises it from handlers; the client raises it for every error reply.
-    """
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
+FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "ports", "tcp", "tenants")
 
 Seconds = Annotated[float, Meta(gt=0)]
 NonNegSeconds = Annotated[float, Meta(ge=0)]
@@ -92,6 +69,7 @@ class Reply(Struct, omit_defaults=True):
 
 class HelloParams(Struct):
     client: str = ""
+    token: str = ""  # 1.2 "tcp": the first frame of a TCP connection authenticates with it
 
 
 class HelloResult(Struct):
@@ -102,6 +80,7 @@ class HelloResult(Struct):
     languages: list[str]
     max_frame: int
     features: list[str]
+    tenant: str = "local"  # 1.2 "tenants": whose sessions this connection sees
 
 
 class SessionLimits(Struct, frozen=True):
@@ -112,7 +91,7 @@ class SessionLimits(Struct, frozen=True):
 
 
 class SessionOpenParams(Struct):
-    workspace: str
+    workspace: str | None = None  # 1.2: None: a new folder of the daemon's, gone at close
     network: Network = "none"
     writable: bool = True
     env: Env = {}
@@ -151,6 +130,7 @@ class SessionInfo(Struct):
     alive: bool = True  # 1.1: false once the session's sandbox died
     host_exec: HostExec = UNSET  # as of the session's last call
     forwards: list[ForwardInfo] = []  # 1.2 "ports"
+    tenant: str = "local"  # 1.2 "tenants": who opened it
 
 
 class SessionListResult(Struct):
