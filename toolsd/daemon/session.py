@@ -26,11 +26,11 @@ from toolsd.sandbox.launcher import Launcher, LauncherError
 from toolsd.sandbox.repositories import RepositoryWatch
 from toolsd.sandbox.policy import Limits, bwrap_argv, check_env_size, sandbox_env, validate_env
 from toolsd.sandbox.session_policy import (
-    check_outside,
     check_workspace,
     command_env,
     plan_view,
     resolve_cwd,
+    scratch_at,
     session_policy,
 )
 from toolsd.wire.protocol import (
@@ -95,13 +95,13 @@ class Session:
         # What the session adds that the host's git would run.
         self.repositories = RepositoryWatch(self.workspace, self.writable, session_id)
         self.scratch = os.path.join(supervisor.state.scratch, session_id)
-        # The scratch folder is the sandbox's /tmp.
-        self.spills = Spills(self.scratch, self.scratch if supervisor.bwrap is None else "/tmp",
+        # The scratch folder is the sandbox's /tmp (or beside it: scratch_at).
+        self.spills = Spills(self.scratch, self.scratch if supervisor.bwrap is None
+                             else scratch_at(self.workspace),
                              self.limits.file_mb << 20)
         # The session's home folder: bound at HOME's real path (docs/sandbox.md, "The home
         # folder"), named after the session's first id (a spare keeps its folders' names).
         self.home_dir = self.scratch + "-home"
-        check_outside(self.workspace, supervisor.hidden_paths())
         home_path = os.path.expanduser("~")
         view = plan_view(home_path=home_path, workspace=self.workspace,
                          hidden_paths=supervisor.hidden_paths(), shown=supervisor.config.shown)

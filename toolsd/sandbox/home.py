@@ -225,7 +225,8 @@ def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[st
         # What --show lets back in stays read-only: bound, never a copy.
         shown_folder, outside = show_folder(folder, omit, keep=keep_here,
                                             writable=writable[folder],
-                                            bound=shown if folder == home else ())
+                                            bound=shown if folder == home else (),
+                                            cover_in=ws if inside(ws, folder) else "")
         if folder == home and own_home:
             # The session's own caches exist from the start, empty: tools write into them.
             made = tuple(os.path.join(home, n) for n in OWN if n in names)

@@ -44,12 +44,14 @@ def relative(path: str, folder: str) -> str:
 
 
 def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
-                writable: bool = False, bound: Iterable[str] = ()) -> tuple[Folder, list[str]]:
+                writable: bool = False, bound: Iterable[str] = (),
+                cover_in: str = "") -> tuple[Folder, list[str]]:
     """`path` as a Folder: its entries as they are now, less the `hidden` relative paths
     (existing or not); `keep` (relative) are bound even where something hidden covers them.
     In a `writable` one (the session's home) small files are copied, except `bound` ones.
     Also returns paths outside `path` that hidden symlinks in it lead to: the caller hides
-    those where they are (existing ones).
+    those where they are (existing ones), and the hidden paths that lie in `cover_in`, a
+    folder mounted over this one (the workspace), which would show them again.
 
     A hidden entry that is a symlink leading elsewhere in the folder hides its target too
     (~/.ssh -> dotfiles/ssh would otherwise show the keys at ~/dotfiles/ssh); so does a
@@ -66,6 +68,9 @@ def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
         if not grown:
             break
         omit |= grown
+    if cover_in:
+        outside |= {p for p in (os.path.join(path, o) for o in omit)
+                    if inside(p, cover_in) and os.path.lexists(p)}
     binds = list(listing.binds)
     for rel in sorted({os.path.normpath(k) for k in keep}):
         if any(inside(rel, o) for o in omit):

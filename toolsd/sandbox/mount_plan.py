@@ -32,6 +32,7 @@ class PlannedFolder:
 class Plan:
     workspace: str
     scratch: str
+    scratch_at: str  # where the session sees the scratch: /tmp, or in a hidden folder
     home: str
     extra_ro_binds: tuple[str, ...]
     outer_hidden_dirs: tuple[str, ...]  # contain the workspace: mounted before it
@@ -131,11 +132,18 @@ def plan_mounts(policy: Policy) -> Plan:
             not _inside(path, f.path) or any(_inside(path, b) for b in f.binds)
             for f in folders)
 
-    return Plan(workspace=ws, scratch=scratch, home=policy.home,
+    hidden_dirs = tuple(d for d in inner if seen(d))
+    scratch_at = _abs_path("scratch_at", policy.scratch_at)
+    if scratch_at != "/tmp":
+        if not _inside("/tmp", ws) or not any(
+                _inside(scratch_at, d) and scratch_at != d for d in hidden_dirs):
+            raise ValueError(f"the scratch can be shown at {scratch_at} only when the "
+                             f"workspace is /tmp, and only inside a hidden folder")
+    return Plan(workspace=ws, scratch=scratch, scratch_at=scratch_at, home=policy.home,
                  extra_ro_binds=tuple(extras),
                  outer_hidden_dirs=tuple(outer), folders=folders, pinned=tuple(pinned),
                  protected=tuple(protected),
-                 hidden_dirs=tuple(d for d in inner if seen(d)),
+                 hidden_dirs=hidden_dirs,
                  hidden_files=tuple(f for f in files if seen(f)))
 
 
@@ -150,7 +158,8 @@ def _plan_folders(policy: Policy, ws: str, hidden_dirs: list[str]) -> tuple[Plan
         raise ValueError("only one folder (the session's home) can be writable")
     if writable and not policy.home:
         raise ValueError("a writable folder needs Policy.home, the host folder bound there")
-    home = _abs_path("home", policy.home) if policy.home else ""
+    if policy.home:
+        _abs_path("home", policy.home)
     checked = []
     for folder in policy.folders:
         path = _abs_path("folder", folder.path)
@@ -203,8 +212,9 @@ def _plan_folders(policy: Policy, ws: str, hidden_dirs: list[str]) -> tuple[Plan
             path=path, writable=folder.writable, dirs=tuple(sorted(made, key=_depth)),
             binds=tuple(entries["binds"]),
             symlinks=tuple((t, _abs_path("symlink", link)) for t, link in folder.symlinks)))
-    if home and _inside(home, ws):
-        raise ValueError(f"the home folder {home} lies in the workspace {ws}")
+    # The home folder and the scratch may lie in the workspace (a workspace of /tmp, or one
+    # that holds the state folder): bwrap takes a bind's source from the host's tree, and
+    # the state folder they are in is hidden in the workspace.
     return tuple(planned)
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 
 from driver import DRIVER_DIR
-from toolsd.sandbox import home
+from toolsd.sandbox import home, workspace_rules
 from toolsd.sandbox.policy import PROC_READ_ONLY, Policy, check_env_size, validate_env
 from toolsd.wire.protocol import BAD_PARAMS, ToolsdError
 
@@ -33,6 +33,22 @@ def check_workspace(path: str) -> str:
 
 RUNTIME_DIRS = ("/run",)
 
+# Where a session whose workspace is /tmp sees its scratch (there, its /tmp is the host's):
+# in /run, which every sandbox covers with an empty tmpfs of its own.
+SCRATCH_BESIDE = "/run/toolsd-scratch"
+
+
+def scratch_at(workspace: str) -> str:
+    """Where the session sees its scratch folder (spills, figures): its /tmp, unless the
+    workspace is /tmp itself (docs/sandbox.md, "Which folders can be a workspace")."""
+    if workspace != "/tmp":
+        return "/tmp"
+    if not os.path.isdir(RUNTIME_DIRS[0]):
+        raise ToolsdError(BAD_PARAMS, "session.open: a workspace of /tmp needs a /run folder "
+                          "on this machine, where the session's own scratch is shown; open "
+                          "the session on a folder inside /tmp instead")
+    return SCRATCH_BESIDE
+
 
 @functools.cache
 def own_files() -> tuple[str, ...]:
@@ -52,7 +68,9 @@ def own_files_under_tmp() -> tuple[str, ...]:
 
 
 def plan_view(*, home_path: str, workspace: str, hidden_paths, shown) -> home.View:
-    """The homes and hidden paths as a session's sandbox shows them (home.plan)."""
+    """The homes and hidden paths as a session's sandbox shows them (home.plan), after
+    check_outside. `hidden_paths`: {path: what it is, in words}."""
+    check_outside(workspace, own_home=home_path, shown=shown, own_folders=hidden_paths)
     # Resolved: a symlinked folder must be covered where it really is.
     # /run holds the host's service sockets (D-Bus, docker, agents, $XDG_RUNTIME_DIR):
     # a read-only mount does not stop connect(), so they are hidden, not just read-only.
@@ -82,16 +100,18 @@ def session_policy(*, workspace: str, scratch: str, writable: bool, network: str
         proc_read_only=tuple(p for p in PROC_READ_ONLY if os.path.exists(p)),
         folders=view.folders,
         home=home_dir if view.home_is_own else "",
+        scratch_at=scratch_at(workspace),
     )
 
 
-def check_outside(workspace: str, own_folders) -> None:
-    """BAD_PARAMS if `workspace` lies in one of toolsd's own folders (its socket's, its
-    state, --hide ones): sessions must never see them."""
-    for own in map(os.path.realpath, own_folders):
-        if workspace == own or workspace.startswith(own.rstrip("/") + "/"):
-            raise ToolsdError(BAD_PARAMS, f"workspace {workspace} is inside toolsd's "
-                              f"own folder {own}, which sessions must never see")
+def check_outside(workspace: str, *, own_home: str, shown, own_folders) -> None:
+    """BAD_PARAMS if `workspace` is or lies in a hidden path: one of toolsd's own folders
+    (`own_folders`, {path: what it is}: its socket's, its state, --hide ones) or an entry
+    the homes hide (workspace_rules.py): sessions must never see them."""
+    why = workspace_rules.refusal(workspace, own_home=own_home, shown=shown,
+                                  own_folders=own_folders)
+    if why is not None:
+        raise ToolsdError(BAD_PARAMS, f"session.open: {why}")
 
 
 def resolve_cwd(workspace: str, cwd: str | None) -> str:
