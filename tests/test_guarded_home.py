@@ -192,7 +192,7 @@ def test_the_session_writes_its_home_and_the_host_home_is_unchanged(daemon, clie
                                   "echo z > ~/.config/newtool/rc && echo ok")
     assert r["output"] == "x\nok\n", r["output"]
     # The host's folders are read-only; its small files are the session's copies.
-    r = client.shell_run(session, "echo x > ~/.pyenv/new; echo rc=$?; "
+    r = client.shell_run(session, "echo x > ~/.pyenv/versions/new; echo rc=$?; "
                                   "echo more >> ~/notes.txt && cat ~/notes.txt")
     assert "Read-only file system" in r["output"] and "rc=1" in r["output"]
     assert r["output"].endswith("rc=1\nPUBLIC-NOTE\nmore\n")

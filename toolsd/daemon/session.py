@@ -111,8 +111,7 @@ class Session:
             path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             lang=os.environ.get("LANG", "C.UTF-8"),
             extra=self.user_env,
-            git_config_global=(os.path.join(home_path, home.GIT_CONFIG) if self.home_is_own
-                               else None),
+            own_home=self.home_is_own,
         )
         try:
             check_env_size(self.env)

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from toolsd.sandbox.home_folders import copy_into, inside, relative, show_folder
-from toolsd.sandbox.policy import Folder, Policy
+from toolsd.sandbox.policy import GIT_CONFIG, Folder, Policy
 
 log = logging.getLogger("toolsd.home")
 
@@ -66,7 +66,16 @@ OWN: tuple[str, ...] = (".cache", ".npm")
 
 # The session's global git config (GIT_CONFIG_GLOBAL), in its home: what `git config
 # --global` writes. It includes the host's ~/.gitconfig and ~/.config/git/config, read-only.
-GIT_CONFIG = ".gitconfig.toolsd"
+# (policy.GIT_CONFIG, imported above.)
+
+# Folders of toolchains in the home that their tools rewrite as they go: version managers'
+# shims, which `pyenv rehash` (run by pip after every install), `rbenv rehash` and `asdf
+# reshim` remake. In the session's home each is its own folder, with copies of the host's
+# small files: a tool writes there and the host's folder is never touched.
+TOOL_DIRS: tuple[str, ...] = (
+    ".pyenv/shims", ".rbenv/shims", ".nodenv/shims", ".goenv/shims", ".jenv/shims",
+    ".plenv/shims", ".asdf/shims",
+)
 
 
 # Folders that are never shown entry by entry: the sandbox makes its own /proc and /dev.
@@ -224,6 +233,7 @@ def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[st
         keep_here = [relative(k, folder) for k in keep if inside(k, folder) and k != folder]
         # What --show lets back in stays read-only: bound, never a copy.
         shown_folder, outside = show_folder(folder, omit, keep=keep_here,
+                                            own_dirs=TOOL_DIRS if folder == home else (),
                                             writable=writable[folder],
                                             bound=shown if folder == home else (),
                                             cover_in=ws if inside(ws, folder) else "")

@@ -45,10 +45,12 @@ def relative(path: str, folder: str) -> str:
 
 def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
                 writable: bool = False, bound: Iterable[str] = (),
-                cover_in: str = "") -> tuple[Folder, list[str]]:
+                cover_in: str = "", own_dirs: Iterable[str] = ()) -> tuple[Folder, list[str]]:
     """`path` as a Folder: its entries as they are now, less the `hidden` relative paths
     (existing or not); `keep` (relative) are bound even where something hidden covers them.
-    In a `writable` one (the session's home) small files are copied, except `bound` ones.
+    In a `writable` one (the session's home) small files are copied, except `bound` ones,
+    and `own_dirs` (relative folders, and those on the way) that exist are made the session's
+    own: listed entry by entry rather than bound, so that new files can be made in them.
     Also returns paths outside `path` that hidden symlinks in it lead to: the caller hides
     those where they are (existing ones), and the hidden paths that lie in `cover_in`, a
     folder mounted over this one (the workspace), which would show them again.
@@ -62,7 +64,7 @@ def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
     read_only = {os.path.normpath(b) for b in bound}
     outside: set[str] = set()
     while True:
-        listing = _Listing(path, omit, read_only, writable)
+        listing = _Listing(path, omit, read_only, writable, own_dirs)
         # Rarely more than once: only symlinks at hidden paths, or on the way to them.
         grown = _follow_symlinks(path, omit, listing.linked, outside)
         if not grown:
@@ -84,10 +86,12 @@ class _Listing:
     """The entries of a folder shown entry by entry (see show_folder), and `linked`: the
     hidden paths, or folders on the way to them, that are symlinks."""
 
-    def __init__(self, path: str, omit: set[str], read_only: set[str], writable: bool):
+    def __init__(self, path: str, omit: set[str], read_only: set[str], writable: bool,
+                 own_dirs: Iterable[str] = ()):
         self.path = path
         self.omit = omit
-        self.expand = ancestors(omit)
+        own = {os.path.normpath(d) for d in own_dirs} if writable else set()
+        self.expand = ancestors(omit) | ancestors(own) | own
         self.read_only = read_only
         self.writable = writable
         self.budget = COPY_TOTAL_BYTES

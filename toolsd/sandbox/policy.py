@@ -206,12 +206,19 @@ def _folder_args(folder: PlannedFolder, home: str) -> list[str]:
     return args
 
 
+# In a session's own home: its global git config (GIT_CONFIG_GLOBAL), which includes the
+# host's, and the prefix of `npm install -g` (in ~/.npm, the session's own and empty: npm's
+# own prefix, /usr or /usr/local, is read-only in the sandbox).
+GIT_CONFIG = ".gitconfig.toolsd"
+NPM_PREFIX = ".npm/global"
+
+
 def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str],
-                git_config_global: str | None = None) -> dict[str, str]:
+                own_home: bool = False) -> dict[str, str]:
     """The clean environment of a session: fixed values for tools that would otherwise page,
     colour or buffer their output, then the session's own env on top (it may override any).
-    `git_config_global`: the session's own git config file in its home, where `git config
-    --global` writes (docs/sandbox.md, "Git")."""
+    `own_home`: the session has a home of its own, where `git config --global` and `npm
+    install -g` write (docs/sandbox.md, "The home folder", "Toolchains")."""
     env = {
         "PATH": path,
         "HOME": home,
@@ -223,8 +230,11 @@ def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str],
         "PYTHONUNBUFFERED": "1",
         "TMPDIR": "/tmp",
     }
-    if git_config_global:
-        env["GIT_CONFIG_GLOBAL"] = git_config_global
+    if own_home:
+        prefix = f"{home.rstrip('/')}/{NPM_PREFIX}"
+        env["GIT_CONFIG_GLOBAL"] = f"{home.rstrip('/')}/{GIT_CONFIG}"
+        env["NPM_CONFIG_PREFIX"] = prefix
+        env["PATH"] = f"{prefix}/bin:{path}"
     env.update(validate_env(extra))
     return env
 
