@@ -355,7 +355,8 @@ def test_sandbox_env_has_fixed_values_and_session_env_on_top():
                       extra={"TERM": "xterm", "FOO": "bar"})
     assert env == {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LANG": "C.UTF-8",
                    "TERM": "xterm", "NO_COLOR": "1", "PAGER": "cat", "GIT_PAGER": "cat",
-                   "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "FOO": "bar"}
+                   "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "FOO": "bar",
+                   "NPM_CONFIG_UPDATE_NOTIFIER": "false"}
     own = sandbox_env(home="/h", path="/bin", lang="C", extra={}, own_home=True)
     assert own["GIT_CONFIG_GLOBAL"] == "/h/.gitconfig.toolsd"
     assert own["NPM_CONFIG_PREFIX"] == "/h/.npm/global" and own["PATH"] == "/h/.npm/global/bin:/bin"

@@ -103,3 +103,18 @@ def test_npm_install_global_lands_in_the_sessions_home(daemon, session):
                                env={**os.environ, "HOME": daemon.home}, timeout=60).stdout.strip()
     assert not os.path.exists(os.path.join(host_root, "toolsd-hello"))
     assert not os.path.exists(os.path.join(daemon.home, ".npm", "global"))
+
+
+def test_npm_init_with_no_input_and_no_network_ends_at_once(daemon, session):
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed here")
+    c, s = session
+    os.makedirs(os.path.join(daemon.workspace, "fresh"), exist_ok=True)
+    # Its questions get end-of-file; npm's background check for a newer npm then kept node
+    # alive on its registry retries (10 s, then 60 s) until the call's timeout.
+    r = c.shell_run(s, "npm init; echo rc=$?", cwd="fresh", timeout_s=60)
+    assert not r["timed_out"] and r["output"].endswith("rc=1\n"), r
+    assert "package name:" in r["output"]
+    # Any registry request fails at once in a session without network.
+    r = c.shell_run(s, "npm view toolsd-not-a-package version", cwd="fresh", timeout_s=60)
+    assert not r["timed_out"] and r["exit_code"] != 0, r

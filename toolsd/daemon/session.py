@@ -111,7 +111,7 @@ class Session:
             path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             lang=os.environ.get("LANG", "C.UTF-8"),
             extra=self.user_env,
-            own_home=self.home_is_own,
+            own_home=self.home_is_own, no_network=self.network == "none",
         )
         try:
             check_env_size(self.env)

@@ -214,11 +214,13 @@ NPM_PREFIX = ".npm/global"
 
 
 def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str],
-                own_home: bool = False) -> dict[str, str]:
+                own_home: bool = False, no_network: bool = False) -> dict[str, str]:
     """The clean environment of a session: fixed values for tools that would otherwise page,
     colour or buffer their output, then the session's own env on top (it may override any).
     `own_home`: the session has a home of its own, where `git config --global` and `npm
-    install -g` write (docs/sandbox.md, "The home folder", "Toolchains")."""
+    install -g` write (docs/sandbox.md, "The home folder", "Toolchains"). `no_network`: the
+    session has none, so npm fails a registry request at once instead of retrying it for
+    a minute and more (docs/sandbox.md, "Environment")."""
     env = {
         "PATH": path,
         "HOME": home,
@@ -229,7 +231,12 @@ def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str],
         "GIT_PAGER": "cat",
         "PYTHONUNBUFFERED": "1",
         "TMPDIR": "/tmp",
+        # npm's check for a newer npm runs behind every command and keeps node alive until
+        # its request ends: `npm init` with no input and no network waited on its retries.
+        "NPM_CONFIG_UPDATE_NOTIFIER": "false",
     }
+    if no_network:
+        env["NPM_CONFIG_FETCH_RETRIES"] = "0"
     if own_home:
         prefix = f"{home.rstrip('/')}/{NPM_PREFIX}"
         env["GIT_CONFIG_GLOBAL"] = f"{home.rstrip('/')}/{GIT_CONFIG}"
