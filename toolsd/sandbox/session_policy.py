@@ -5,6 +5,7 @@ and environment checked against it. I/O: realpath, isdir and exists on the host.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 
@@ -12,6 +13,9 @@ from driver import DRIVER_DIR
 from toolsd.sandbox import home, workspace_rules
 from toolsd.sandbox.policy import PROC_READ_ONLY, Policy, check_env_size, validate_env
 from toolsd.wire.protocol import BAD_PARAMS, ToolsdError
+
+log = logging.getLogger("toolsd.session")
+
 
 def check_workspace(path: str) -> str:
     if not os.path.isabs(path):
@@ -85,6 +89,8 @@ def plan_view(*, home_path: str, workspace: str, hidden_paths, shown) -> home.Vi
 def session_policy(*, workspace: str, scratch: str, writable: bool, network: str,
                    view: home.View, env: dict[str, str], home_dir: str) -> Policy:
     """The Policy of a session on `workspace`: ValueError if the sandbox cannot mount it."""
+    if writable:
+        make_hooks_folder(workspace)
     protected = [os.path.join(workspace, ".git", p) for p in ("hooks", "config")]
     return Policy(
         workspace=workspace,
@@ -102,6 +108,22 @@ def session_policy(*, workspace: str, scratch: str, writable: bool, network: str
         home=home_dir if view.home_is_own else "",
         scratch_at=scratch_at(workspace),
     )
+
+
+def make_hooks_folder(workspace: str) -> None:
+    """An empty hooks folder in the workspace's top-level repository where it has none, as
+    `git init` makes one: the sandbox can only make read-only a path that exists when it
+    starts, and a hooks folder the host makes later (a hook manager's install, `git init`
+    run again) would otherwise be the session's to write (docs/sandbox.md, "A hooks folder
+    made after open")."""
+    git = os.path.join(workspace, ".git")
+    hooks = os.path.join(git, "hooks")
+    if os.path.isdir(git) and not os.path.islink(git) and not os.path.lexists(hooks):
+        try:
+            os.mkdir(hooks, 0o755)
+        except OSError as e:
+            log.warning("%s: could not make the hooks folder, so one made later is not "
+                        "read-only in the session (%s)", hooks, e)
 
 
 def check_outside(workspace: str, *, own_home: str, shown, own_folders) -> None:
