@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -118,3 +119,19 @@ def test_npm_init_with_no_input_and_no_network_ends_at_once(daemon, session):
     # Any registry request fails at once in a session without network.
     r = c.shell_run(s, "npm view toolsd-not-a-package version", cwd="fresh", timeout_s=60)
     assert not r["timed_out"] and r["exit_code"] != 0, r
+
+
+def test_matplotlib_finds_its_config_folder_writable(daemon, session):
+    c, s = session
+    config = os.path.join(daemon.home, ".config", "matplotlib")
+    # Made after the daemon started, before the session: what a session shows is the home
+    # as it is at open.
+    os.makedirs(config, exist_ok=True)
+    with open(os.path.join(config, "matplotlibrc"), "w") as f:
+        f.write("figure.dpi: 42\n")
+    s2 = c.session_open(daemon.workspace)["session"]
+    r = c.shell_run(s2, f"{sys.executable} -c 'import matplotlib as m; print(m.get_configdir(), "
+                        f"m.rcParams[\"figure.dpi\"])'; ls {config}")
+    c.session_close(s2)
+    assert r["output"] == f"{config} 42.0\nmatplotlibrc\n", r["output"]
+    assert os.listdir(config) == ["matplotlibrc"]

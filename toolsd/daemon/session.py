@@ -104,7 +104,8 @@ class Session:
         self.home_dir = self.scratch + "-home"
         home_path = os.path.expanduser("~")
         view = plan_view(home_path=home_path, workspace=self.workspace,
-                         hidden_paths=supervisor.hidden_paths(), shown=supervisor.config.shown)
+                         hidden_paths=supervisor.hidden_paths(), shown=supervisor.config.shown,
+                         bwrap=supervisor.bwrap)
         self.home_is_own = view.home_is_own and supervisor.bwrap is not None
         self.env = sandbox_env(
             home=home_path,

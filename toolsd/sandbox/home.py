@@ -68,13 +68,15 @@ OWN: tuple[str, ...] = (".cache", ".npm")
 # --global` writes. It includes the host's ~/.gitconfig and ~/.config/git/config, read-only.
 # (policy.GIT_CONFIG, imported above.)
 
-# Folders of toolchains in the home that their tools rewrite as they go: version managers'
-# shims, which `pyenv rehash` (run by pip after every install), `rbenv rehash` and `asdf
-# reshim` remake. In the session's home each is its own folder, with copies of the host's
-# small files: a tool writes there and the host's folder is never touched.
+# Folders in the home that their tools rewrite as they go: version managers' shims, which
+# `pyenv rehash` (run by pip after every install), `rbenv rehash` and `asdf reshim` remake,
+# and matplotlib's config folder (read-only, it warns on every import). In the session's
+# home each is its own folder, with copies of the host's small files: a tool writes there
+# and the host's folder is never touched. (Where overlays work, every folder of the home
+# is writable that way: overlay.py.)
 TOOL_DIRS: tuple[str, ...] = (
     ".pyenv/shims", ".rbenv/shims", ".nodenv/shims", ".goenv/shims", ".jenv/shims",
-    ".plenv/shims", ".asdf/shims",
+    ".plenv/shims", ".asdf/shims", ".config/matplotlib",
 )
 
 
@@ -166,13 +168,15 @@ def shown_entry(path: str, home: str) -> str:
 
 
 def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[str] = (),
-         keep: Iterable[str] = ()) -> View:
+         keep: Iterable[str] = (), overlay: bool = False) -> View:
     """The homes and hidden paths of one session's sandbox.
 
     `home`: the session's HOME, resolved. `hidden`: absolute paths, existing or not (the
     daemon's folders, /run, --hide). `shown`: entries of SECRETS and OWN to let back into
     the session's home (not into other homes), relative to it. `keep`: toolsd's own files
-    (the drivers, the interpreter), bound even under a hidden path. Raises CannotHide for
+    (the drivers, the interpreter), bound even under a hidden path. `overlay`: the folders
+    of the session's own home are shown writable, their writes kept in the sandbox
+    (home_folders.show_folder; sandbox/overlay.py says where it can be). Raises CannotHide for
     a hidden path that does not exist and could only be kept from appearing by changing the
     workspace."""
     ws = workspace
@@ -234,6 +238,7 @@ def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[st
         # What --show lets back in stays read-only: bound, never a copy.
         shown_folder, outside = show_folder(folder, omit, keep=keep_here,
                                             own_dirs=TOOL_DIRS if folder == home else (),
+                                            overlay=overlay and folder == home,
                                             writable=writable[folder],
                                             bound=shown if folder == home else (),
                                             cover_in=ws if inside(ws, folder) else "")

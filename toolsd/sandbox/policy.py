@@ -96,6 +96,10 @@ class Folder:
     binds: tuple[str, ...] = ()  # host paths bound read-only at their own path
     symlinks: tuple[tuple[str, str], ...] = ()  # (target, path): made as the host has them
     copies: tuple[str, ...] = ()  # host files copied into Policy.home (writable only)
+    # Of `binds`, the folders shown writable through an overlay whose writes stay in the
+    # sandbox (bwrap --overlay-src + --tmp-overlay; the session's home only, where bwrap
+    # and the kernel allow it: sandbox/overlay.py).
+    overlays: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,10 @@ def _folder_args(folder: PlannedFolder, home: str) -> list[str]:
     for target, link in folder.symlinks:
         args += ["--symlink", target, link]
     for entry in folder.binds:
-        args += ["--ro-bind-try", entry, entry]
+        if entry in folder.overlays:
+            args += ["--overlay-src", entry, "--tmp-overlay", entry]
+        else:
+            args += ["--ro-bind-try", entry, entry]
     if not folder.writable:
         args += ["--remount-ro", path]
     return args

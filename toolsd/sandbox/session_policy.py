@@ -10,7 +10,7 @@ import os
 import sys
 
 from driver import DRIVER_DIR
-from toolsd.sandbox import home, workspace_rules
+from toolsd.sandbox import home, overlay, workspace_rules
 from toolsd.sandbox.policy import PROC_READ_ONLY, Policy, check_env_size, validate_env
 from toolsd.wire.protocol import BAD_PARAMS, ToolsdError
 
@@ -71,17 +71,22 @@ def own_files_under_tmp() -> tuple[str, ...]:
 
 
 
-def plan_view(*, home_path: str, workspace: str, hidden_paths, shown) -> home.View:
+def plan_view(*, home_path: str, workspace: str, hidden_paths, shown,
+              bwrap: str | None = None) -> home.View:
     """The homes and hidden paths as a session's sandbox shows them (home.plan), after
-    check_outside. `hidden_paths`: {path: what it is, in words}."""
+    check_outside. `hidden_paths`: {path: what it is, in words}. `bwrap`: the sandbox's,
+    which may show the home's folders writable (overlay.py)."""
     check_outside(workspace, own_home=home_path, shown=shown, own_folders=hidden_paths)
+    real_home = os.path.realpath(home_path)
+    with_overlay = bwrap is not None and os.path.isdir(real_home) and \
+        not overlay.why_no_overlay(bwrap, real_home)
     # Resolved: a symlinked folder must be covered where it really is.
     # /run holds the host's service sockets (D-Bus, docker, agents, $XDG_RUNTIME_DIR):
     # a read-only mount does not stop connect(), so they are hidden, not just read-only.
     hidden = [os.path.realpath(p) for p in (*hidden_paths, *RUNTIME_DIRS)]
     try:
-        return home.plan(home=os.path.realpath(home_path), workspace=workspace,
-                         hidden=hidden, shown=shown, keep=own_files())
+        return home.plan(home=real_home, workspace=workspace, hidden=hidden, shown=shown,
+                         keep=own_files(), overlay=with_overlay)
     except home.CannotHide as e:
         raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
 
