@@ -72,6 +72,15 @@ def test_every_hidden_entry_of_the_home_is_refused_as_a_workspace(daemon, client
     inner = os.path.join(path, "sub")
     os.makedirs(inner, exist_ok=True)
     assert f"lies inside ~/{entry}" in refusal(client, inner)
+    # Named through a symlink, or with `..` on the way: the same folder, the same rule.
+    link = os.path.join(daemon.root, "links", entry.replace("/", "-"))
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if not os.path.lexists(link):
+        os.symlink(path, link)
+    assert f"is ~/{entry}, which" in refusal(client, link)
+    assert f"lies inside ~/{entry}" in refusal(client, os.path.join(link, "sub"))
+    dotdot = os.path.join(daemon.home, "proj", "..", entry, "sub", "..")
+    assert f"is ~/{entry}, which" in refusal(client, dotdot)
 
 
 def test_a_hidden_entry_named_through_a_symlink_or_dotdot_is_refused(daemon, client):
