@@ -90,19 +90,6 @@ def test_scratch_is_bound_before_a_workspace_under_tmp():
     assert m.index(("--bind", SCRATCH, "/tmp")) < m.index(("--bind", ws, ws))
 
 
-def test_a_workspace_of_tmp_gets_the_scratch_last_inside_a_hidden_folder():
-    p = policy(workspace="/tmp", scratch="/tmp/toolsd-0/state/scratch/s1",
-               scratch_at="/run/toolsd-scratch", hidden_dirs=("/run", "/tmp/toolsd-0"))
-    m = mounts(bwrap_argv(p))
-    assert ("--bind", p.scratch, "/tmp") not in m
-    assert m[-3:] == [("--tmpfs", "/run"), ("--tmpfs", "/tmp/toolsd-0"),
-                      ("--bind", p.scratch, "/run/toolsd-scratch")]
-    with pytest.raises(ValueError, match="only when the workspace is /tmp"):
-        policy(scratch_at="/run/toolsd-scratch", hidden_dirs=("/run",))
-    with pytest.raises(ValueError, match="only inside a hidden folder"):
-        policy(workspace="/tmp", scratch_at="/srv/scratch", hidden_dirs=("/run",))
-
-
 def test_argv_starts_with_the_given_bwrap_as_is_without_looking_it_up():
     # A name that exists nowhere: resolving it (plumbum's local[...]) would raise.
     argv = bwrap_argv(policy(), bwrap="bwrap-not-installed-anywhere")

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -151,69 +150,37 @@ def test_a_workspace_that_holds_the_state_folder_is_served_with_it_hidden():
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def in_host_tmp():
-    """A daemon whose socket and state are in the host's /tmp (as by default), and a folder
-    of the test's own there."""
-    root = short_tempdir()
-    run = tempfile.mkdtemp(prefix="toolsd-t-", dir="/tmp")
-    mine = tempfile.mkdtemp(prefix="toolsd-ws-", dir="/tmp")
-    d = RunningDaemon(root)
-    d.socket = os.path.join(run, "toolsd.sock")
-    d.state_dir = os.path.join(run, "state")
-    d.mine = mine
-    write(os.path.join(mine, "host.txt"), "FROM-THE-HOST\n")
-    d.start()
-    try:
-        yield d
-    finally:
-        assert d.stop() == 0, d.read_log()
-        for folder in (root, run, mine):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def test_tmp_as_the_workspace_is_the_hosts_tmp_with_the_daemons_folders_hidden(in_host_tmp):
-    d = in_host_tmp
-    run = os.path.dirname(d.socket)
-    with d.client() as c:
-        other = c.session_open(d.workspace)["session"]
-        c.shell_run(other, "echo OTHER-SESSION-SCRATCH > /tmp/mine.txt")
-        s = c.session_open("/tmp")["session"]
-        r = c.shell_run(s, f"cat {d.mine}/host.txt; echo made > {d.mine}/made.txt; "
-                           f"ls -A {run} | wc -l; cat /tmp/mine.txt; echo TMPDIR=$TMPDIR")
-        assert r["output"].startswith(f"FROM-THE-HOST\n0\ncat: /tmp/mine.txt: No such file")
-        assert r["output"].endswith("TMPDIR=/tmp\n"), r
-        # A cut output kept whole is the session's own, where the session can read it.
-        cut = c.shell_run(s, "seq 100000", max_output_chars=100, spill=True)
-        assert not cut["output_file"].startswith("/tmp/"), cut["output_file"]
-        back = c.shell_run(s, f"tail -n 1 {cut['output_file']}")
-        assert back["output"] == "100000\n", back
-        c.session_close(s)
-        c.session_close(other)
-    with open(os.path.join(d.mine, "made.txt")) as f:
-        assert f.read() == "made\n"
-
-
-def test_exec_cli_works_in_tmp(in_host_tmp):
-    d = in_host_tmp
+def test_the_hosts_tmp_is_refused_saying_what_to_do(daemon, client):
+    why = refusal(client, "/tmp")
+    assert "other programs keep their sockets" in why and "mkdir /tmp/work" in why, why
     out = subprocess.run(
-        [sys.executable, "-m", "toolsd", "--socket", d.socket, "exec", "--workspace", "/tmp",
-         "--", f"cat {d.mine}/host.txt"],
-        capture_output=True, text=True, timeout=120, env=d.env)
-    assert out.returncode == 0 and out.stdout == "FROM-THE-HOST\n", out
+        [sys.executable, "-m", "toolsd", "--socket", daemon.socket, "exec", "--workspace",
+         "/tmp", "--", "true"], capture_output=True, text=True, timeout=120, env=daemon.env)
+    assert out.returncode != 0 and "mkdir /tmp/work" in out.stderr, out
 
 
-async def test_mcp_on_tmp_with_a_daemon_of_its_own_in_tmp(in_host_tmp):
+async def test_mcp_on_a_folder_that_holds_its_own_daemons_state():
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    d = in_host_tmp
-    # No daemon answers at TOOLSD_SOCKET: `toolsd mcp` starts its own, in TMPDIR (/tmp).
-    env = {**d.env, "TOOLSD_SOCKET": os.path.join(d.root, "none.sock"), "TMPDIR": "/tmp"}
-    params = StdioServerParameters(command=sys.executable, env=env,
-                                   args=["-m", "toolsd", "mcp", "--workspace", "/tmp"])
-    with open(os.path.join(d.root, "mcp.log"), "a") as log:
-        async with Client(stdio_client(params, errlog=log)) as client:
-            result = await client.call_tool("run_terminal", {"command": f"cat {d.mine}/host.txt"})
-    assert not result.is_error, result
-    assert [c.text for c in result.content] == ["FROM-THE-HOST\n[exit code 0]"]
+    # `toolsd mcp` finds no daemon and starts its own in TMPDIR, here inside the workspace;
+    # the HOME lies elsewhere, so the session's home (in the daemon's state) is in the
+    # workspace too.
+    ws, home = short_tempdir(), short_tempdir()
+    try:
+        os.makedirs(os.path.join(ws, "tmp"))
+        write(os.path.join(ws, "main.py"), "print('hi')\n")
+        env = {k: v for k, v in os.environ.items() if k not in ("TOOLSD_SOCKET", "XDG_RUNTIME_DIR")}
+        env.update(HOME=home, TMPDIR=os.path.join(ws, "tmp"),
+                   TOOLSD_SOCKET=os.path.join(ws, "none.sock"))
+        params = StdioServerParameters(command=sys.executable, env=env,
+                                       args=["-m", "toolsd", "mcp", "--workspace", ws])
+        with open(os.path.join(home, "mcp.log"), "a") as log:
+            async with Client(stdio_client(params, errlog=log)) as client:
+                result = await client.call_tool(
+                    "run_terminal", {"command": "python3 main.py; ls -A tmp/*/ | wc -l"})
+        assert not result.is_error, result
+        assert [c.text for c in result.content] == ["hi\n0\n[exit code 0]"]
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)

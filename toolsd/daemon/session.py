@@ -30,7 +30,6 @@ from toolsd.sandbox.session_policy import (
     command_env,
     plan_view,
     resolve_cwd,
-    scratch_at,
     session_policy,
 )
 from toolsd.wire.protocol import (
@@ -95,9 +94,8 @@ class Session:
         # What the session adds that the host's git would run.
         self.repositories = RepositoryWatch(self.workspace, self.writable, session_id)
         self.scratch = os.path.join(supervisor.state.scratch, session_id)
-        # The scratch folder is the sandbox's /tmp (or beside it: scratch_at).
-        self.spills = Spills(self.scratch, self.scratch if supervisor.bwrap is None
-                             else scratch_at(self.workspace),
+        # The scratch folder is the sandbox's /tmp.
+        self.spills = Spills(self.scratch, self.scratch if supervisor.bwrap is None else "/tmp",
                              self.limits.file_mb << 20)
         # The session's home folder: bound at HOME's real path (docs/sandbox.md, "The home
         # folder"), named after the session's first id (a spare keeps its folders' names).

@@ -33,7 +33,6 @@ class PlannedFolder:
 class Plan:
     workspace: str
     scratch: str
-    scratch_at: str  # where the session sees the scratch: /tmp, or in a hidden folder
     home: str
     extra_ro_binds: tuple[str, ...]
     outer_hidden_dirs: tuple[str, ...]  # contain the workspace: mounted before it
@@ -133,18 +132,11 @@ def plan_mounts(policy: Policy) -> Plan:
             not _inside(path, f.path) or any(_inside(path, b) for b in f.binds)
             for f in folders)
 
-    hidden_dirs = tuple(d for d in inner if seen(d))
-    scratch_at = _abs_path("scratch_at", policy.scratch_at)
-    if scratch_at != "/tmp":
-        if not _inside("/tmp", ws) or not any(
-                _inside(scratch_at, d) and scratch_at != d for d in hidden_dirs):
-            raise ValueError(f"the scratch can be shown at {scratch_at} only when the "
-                             f"workspace is /tmp, and only inside a hidden folder")
-    return Plan(workspace=ws, scratch=scratch, scratch_at=scratch_at, home=policy.home,
+    return Plan(workspace=ws, scratch=scratch, home=policy.home,
                  extra_ro_binds=tuple(extras),
                  outer_hidden_dirs=tuple(outer), folders=folders, pinned=tuple(pinned),
                  protected=tuple(protected),
-                 hidden_dirs=hidden_dirs,
+                 hidden_dirs=tuple(d for d in inner if seen(d)),
                  hidden_files=tuple(f for f in files if seen(f)))
 
 
@@ -221,9 +213,9 @@ def _plan_folders(policy: Policy, ws: str, hidden_dirs: list[str]) -> tuple[Plan
             binds=tuple(entries["binds"]),
             symlinks=tuple((t, _abs_path("symlink", link)) for t, link in folder.symlinks),
             overlays=frozenset(entries["overlays"])))
-    # The home folder and the scratch may lie in the workspace (a workspace of /tmp, or one
-    # that holds the state folder): bwrap takes a bind's source from the host's tree, and
-    # the state folder they are in is hidden in the workspace.
+    # The home folder and the scratch may lie in the workspace (one that holds the state
+    # folder): bwrap takes a bind's source from the host's tree, and the state folder they
+    # are in is hidden in the workspace.
     return tuple(planned)
 
 

@@ -9,8 +9,6 @@ Mount order (each later mount lands on top of earlier ones):
 
     --ro-bind / /              the host, read-only
     --bind SCRATCH /tmp        before the workspace: a workspace may live under /tmp
-                               (a workspace that is /tmp: the scratch goes last instead, at
-                               Policy.scratch_at in a hidden folder's tmpfs)
     --dev /dev, --proc /proc
     extra read-only binds
     hidden dirs that CONTAIN the workspace (outermost first)
@@ -121,9 +119,6 @@ class Policy:
     proc_read_only: tuple[str, ...] = ("/proc/sys",)  # see PROC_READ_ONLY
     folders: tuple[Folder, ...] = ()  # shown entry by entry (the homes)
     home: str = ""  # host folder (per session) bound at the writable Folder's path
-    # Where the session sees its scratch: /tmp, unless the workspace is /tmp itself (then
-    # the session's /tmp is the host's, and the scratch is shown in a hidden folder).
-    scratch_at: str = "/tmp"
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
@@ -145,10 +140,8 @@ def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
     not here)."""
     plan = plan_mounts(policy)
     ws = plan.workspace
-    args: list[str] = ["--ro-bind", "/", "/"]
-    if plan.scratch_at == "/tmp":
-        args += ["--bind", plan.scratch, "/tmp"]
-    args += ["--dev", "/dev", "--proc", "/proc"]
+    args: list[str] = ["--ro-bind", "/", "/", "--bind", plan.scratch, "/tmp",
+                       "--dev", "/dev", "--proc", "/proc"]
     # The kernel lets the host's uid 0 write kernel settings under /proc/sys whatever its
     # capabilities (and a session of a root daemon is host uid 0): core_pattern there would
     # run a payload as real root. bwrap skips these because the folders themselves are not
@@ -173,8 +166,6 @@ def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
         args += ["--tmpfs", path]
     for path in plan.hidden_files:
         args += ["--ro-bind", "/dev/null", path]
-    if plan.scratch_at != "/tmp":
-        args += ["--bind", plan.scratch, plan.scratch_at]  # in a hidden folder's tmpfs
     args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
              "--unshare-cgroup-try"]
     if policy.network == "none":

@@ -37,22 +37,6 @@ def check_workspace(path: str) -> str:
 
 RUNTIME_DIRS = ("/run",)
 
-# Where a session whose workspace is /tmp sees its scratch (there, its /tmp is the host's):
-# in /run, which every sandbox covers with an empty tmpfs of its own.
-SCRATCH_BESIDE = "/run/toolsd-scratch"
-
-
-def scratch_at(workspace: str) -> str:
-    """Where the session sees its scratch folder (spills, figures): its /tmp, unless the
-    workspace is /tmp itself (docs/sandbox.md, "Which folders can be a workspace")."""
-    if workspace != "/tmp":
-        return "/tmp"
-    if not os.path.isdir(RUNTIME_DIRS[0]):
-        raise ToolsdError(BAD_PARAMS, "session.open: a workspace of /tmp needs a /run folder "
-                          "on this machine, where the session's own scratch is shown; open "
-                          "the session on a folder inside /tmp instead")
-    return SCRATCH_BESIDE
-
 
 @functools.cache
 def own_files() -> tuple[str, ...]:
@@ -111,7 +95,6 @@ def session_policy(*, workspace: str, scratch: str, writable: bool, network: str
         proc_read_only=tuple(p for p in PROC_READ_ONLY if os.path.exists(p)),
         folders=view.folders,
         home=home_dir if view.home_is_own else "",
-        scratch_at=scratch_at(workspace),
     )
 
 

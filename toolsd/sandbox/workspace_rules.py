@@ -6,7 +6,9 @@ socket's and its state). The sandbox binds the workspace at its own path after i
 those, so a workspace that is one of them, or lies in one, would show what is hidden
 (`--workspace ~/.ssh` would serve the keys, writable). Such a workspace is refused at
 session.open, with a message that names the rule. A workspace that merely contains a hidden
-path is served: the path is covered inside it (home.plan).
+path is served: the path is covered inside it (home.plan). The host's /tmp itself is
+refused too: other programs' sockets appear there at any time, and one made after the
+session opened could not be hidden.
 
 Every path is compared resolved (realpath), and so is each hidden entry: a workspace named
 through a symlink or `..`, and a hidden entry that is itself a symlink (`~/.ssh ->
@@ -46,6 +48,12 @@ def refusal(workspace: str, *, own_home: str, shown: Iterable[str] = (),
             own_folders: Mapping[str, str] = {}) -> str | None:
     """Why `workspace` (resolved) cannot be served, or None. `own_folders`: {path: what it
     is, in words} of the daemon's own folders and the --hide paths."""
+    if workspace == "/tmp":
+        return (f"workspace /tmp is the host's shared /tmp, where other programs keep their "
+                f"sockets (ssh and gpg agents, tmux and screen, X11, other toolsd daemons); "
+                f"one made after the session opened could not be hidden, and a session "
+                f"could act outside its sandbox through it ({DOCS}). Open a folder inside "
+                f"/tmp instead (mkdir /tmp/work); the session's own /tmp is private anyway")
     for path, what in own_folders.items():
         real = os.path.realpath(path)
         if _inside(workspace, real):
