@@ -103,6 +103,14 @@ def test_the_daemons_own_folders_and_hide_paths_are_refused(daemon, client):
         assert f"({what})" in why and "toolsd's own folders" in why, why
 
 
+def test_run_and_its_folders_are_refused(daemon, client):
+    # /run holds the host's service sockets (D-Bus, agents, $XDG_RUNTIME_DIR).
+    inner = [e.path for e in os.scandir("/run") if e.is_dir(follow_symlinks=False)]
+    for path in ["/run", *inner[:1]]:
+        why = refusal(client, path)
+        assert "(the host's service sockets, hidden from every session)" in why, why
+
+
 def test_a_workspace_that_holds_hidden_entries_shows_them_hidden(daemon, client):
     for ws in (os.path.join(daemon.home, ".config"), os.path.join(daemon.home, ".local")):
         s = client.session_open(ws)["session"]

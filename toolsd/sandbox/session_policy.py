@@ -60,7 +60,9 @@ def plan_view(*, home_path: str, workspace: str, hidden_paths, shown,
     """The homes and hidden paths as a session's sandbox shows them (home.plan), after
     check_outside. `hidden_paths`: {path: what it is, in words}. `bwrap`: the sandbox's,
     which may show the home's folders writable (overlay.py)."""
-    check_outside(workspace, own_home=home_path, shown=shown, own_folders=hidden_paths)
+    check_outside(workspace, own_home=home_path, shown=shown, own_folders={
+        **hidden_paths, **{d: "the host's service sockets, hidden from every session"
+                           for d in RUNTIME_DIRS}})
     real_home = os.path.realpath(home_path)
     with_overlay = bwrap is not None and os.path.isdir(real_home) and \
         not overlay.why_no_overlay(bwrap, real_home)
