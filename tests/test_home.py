@@ -203,7 +203,7 @@ def test_a_sandbox_made_from_the_plan_shows_no_secret_even_one_made_later(
     touch(os.path.join(other, ".netrc"), "LATER-NETRC\n")
     script = ("grep -rh . ~ " + str(other) + " 2>/dev/null; echo made > ~/.cache/x; "
               "echo more >> ~/.bashrc && echo bashrc-copy; "
-              "echo x > ~/.pyenv/new 2>/dev/null || echo pyenv-ro; "
+              "echo x > ~/.pyenv/lib/new 2>/dev/null || echo pyenv-ro; "
               f"echo x > {other}/new 2>/dev/null || echo other-ro; echo mine > main2.py")
     proc = subprocess.run(bwrap_argv(policy, bwrap=shutil.which("bwrap"))
                           + ["bash", "-c", script], capture_output=True, text=True, timeout=60)

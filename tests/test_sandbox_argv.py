@@ -33,8 +33,9 @@ ARITY = {"--ro-bind": 2, "--bind": 2, "--dev": 1, "--proc": 1, "--tmpfs": 1, "--
          "--unshare-pid": 0, "--unshare-ipc": 0, "--unshare-uts": 0,
          "--unshare-cgroup-try": 0, "--unshare-net": 0, "--as-pid-1": 0,
          "--die-with-parent": 0, "--new-session": 0, "--dir": 1, "--symlink": 2,
-         "--ro-bind-try": 2, "--remount-ro": 1}
-MOUNTS = {"--ro-bind", "--bind", "--dev", "--proc", "--tmpfs", "--ro-bind-try", "--remount-ro"}
+         "--ro-bind-try": 2, "--remount-ro": 1, "--overlay-src": 1, "--tmp-overlay": 1}
+MOUNTS = {"--ro-bind", "--bind", "--dev", "--proc", "--tmpfs", "--ro-bind-try", "--remount-ro",
+          "--overlay-src", "--tmp-overlay"}
 
 
 def ops(argv: list[str]) -> list[tuple[str, ...]]:
@@ -267,6 +268,21 @@ def test_the_session_home_is_its_scratch_with_entries_bound_back_before_the_work
     assert ("--remount-ro", "/home/u") not in o  # the session's own: writable
 
 
+def test_folders_of_the_session_home_can_be_overlays_and_nothing_else_can():
+    home = Folder(path="/home/u", writable=True, binds=("/home/u/.bashrc", "/home/u/src"),
+                  overlays=("/home/u/src",))
+    o = ops(bwrap_argv(policy(folders=(home,), home=HOME_SCRATCH)))
+    start = o.index(("--bind", HOME_SCRATCH, "/home/u"))
+    assert o[start + 1:start + 4] == [
+        ("--ro-bind-try", "/home/u/.bashrc", "/home/u/.bashrc"),
+        ("--overlay-src", "/home/u/src"), ("--tmp-overlay", "/home/u/src")]
+    with pytest.raises(ValueError, match="only the session's home"):
+        policy(folders=(Folder(path="/root", binds=("/root/src",), overlays=("/root/src",)),))
+    with pytest.raises(ValueError, match="overlays must be bound entries"):
+        policy(folders=(Folder(path="/home/u", writable=True, overlays=("/home/u/x",)),),
+               home=HOME_SCRATCH)
+
+
 def test_other_homes_are_a_tmpfs_filled_then_read_only():
     root = Folder(path="/root", binds=("/root/.profile",))
     o = ops(bwrap_argv(policy(folders=(root,))))
@@ -342,10 +358,11 @@ def test_sandbox_env_has_fixed_values_and_session_env_on_top():
                       extra={"TERM": "xterm", "FOO": "bar"})
     assert env == {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LANG": "C.UTF-8",
                    "TERM": "xterm", "NO_COLOR": "1", "PAGER": "cat", "GIT_PAGER": "cat",
-                   "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "FOO": "bar"}
-    assert sandbox_env(home="/h", path="/bin", lang="C", extra={},
-                       git_config_global="/h/.gitconfig.toolsd")["GIT_CONFIG_GLOBAL"] == (
-        "/h/.gitconfig.toolsd")
+                   "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "FOO": "bar",
+                   "NPM_CONFIG_UPDATE_NOTIFIER": "false"}
+    own = sandbox_env(home="/h", path="/bin", lang="C", extra={}, own_home=True)
+    assert own["GIT_CONFIG_GLOBAL"] == "/h/.gitconfig.toolsd"
+    assert own["NPM_CONFIG_PREFIX"] == "/h/.npm/global" and own["PATH"] == "/h/.npm/global/bin:/bin"
     with pytest.raises(ValueError, match="'A=B'"):
         sandbox_env(home="/h", path="/bin", lang="C", extra={"A=B": "x"})
 

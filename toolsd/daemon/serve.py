@@ -28,6 +28,7 @@ from toolsd.daemon.state import StateInUse, ensure_private_dir
 from toolsd.daemon.supervisor import Config, Supervisor
 from toolsd.sandbox import home
 from toolsd.sandbox import inotify
+from toolsd.sandbox import overlay
 from toolsd.sandbox.probe import probe_bwrap
 from toolsd.tools.ports import check_forward_binds  # noqa: F401 (for cli/serve.py)
 
@@ -103,6 +104,7 @@ def run(config: Config, *, announce=print) -> None:
     ensure_private_dir(os.path.dirname(config.socket_path))
     lock_fd = take_lock(config.socket_path)
     bwrap, why_not = probe_bwrap()
+    overlay.report(bwrap)
     if bwrap is None:
         if config.require_sandbox:
             raise StartupError(f"--require-sandbox: no sandbox is possible here: {why_not}")

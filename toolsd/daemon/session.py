@@ -28,7 +28,6 @@ from toolsd.sandbox.launcher import Launcher, LauncherError
 from toolsd.sandbox.repositories import RepositoryWatch
 from toolsd.sandbox.policy import Limits, bwrap_argv, check_env_size, sandbox_env, validate_env
 from toolsd.sandbox.session_policy import (
-    check_outside,
     check_workspace,
     command_env,
     plan_view,
@@ -107,19 +106,17 @@ class Session(MemoryNotes):
         # The session's home folder: bound at HOME's real path (docs/sandbox.md, "The home
         # folder"), named after the session's first id (a spare keeps its folders' names).
         self.home_dir = self.scratch + "-home"
-        if not made_workspace:  # a made one lies in the work root, hidden from the others
-            check_outside(self.workspace, supervisor.hidden_paths())
         home_path = os.path.expanduser("~")
         view = plan_view(home_path=home_path, workspace=self.workspace,
-                         hidden_paths=supervisor.hidden_paths(), shown=supervisor.config.shown)
+                         hidden_paths=supervisor.hidden_paths(), shown=supervisor.config.shown,
+                         bwrap=supervisor.bwrap, made=made_workspace)
         self.home_is_own = view.home_is_own and supervisor.bwrap is not None
         self.env = sandbox_env(
             home=home_path,
             path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             lang=os.environ.get("LANG", "C.UTF-8"),
             extra=self.user_env,
-            git_config_global=(os.path.join(home_path, home.GIT_CONFIG) if self.home_is_own
-                               else None),
+            own_home=self.home_is_own, no_network=self.network == "none",
         )
         try:
             check_env_size(self.env)

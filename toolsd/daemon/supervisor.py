@@ -119,10 +119,15 @@ class Supervisor:
     def server_name(self) -> str:
         return f"toolsd {__version__} (python {sys.version.split()[0]})"
 
-    def hidden_paths(self) -> tuple[str, ...]:
-        """Folders sandboxed code must never reach: the daemon's own, and --hide ones."""
-        socket_dir = os.path.dirname(self.config.socket_path)
-        return (socket_dir, self.state.path, self.work_root, *self.config.hidden)
+    def hidden_paths(self) -> dict[str, str]:
+        """Folders sandboxed code must never reach, the daemon's own and --hide ones: {path:
+        what it is, in words, for the message that refuses such a workspace}."""
+        named = {os.path.dirname(self.config.socket_path): "toolsd's socket folder",
+                 self.state.path: "toolsd's state folder",
+                 self.work_root: "toolsd's work root (the workspaces it makes for sessions)"}
+        for path in self.config.hidden:
+            named.setdefault(path, "hidden by toolsd serve --hide")
+        return named
 
     # ------------------------------------------------------------ sessions
 

@@ -12,6 +12,7 @@ from typing import Callable
 import trio
 
 from toolsd.sandbox.policy import Policy, guarding_mounts, mount_points
+from toolsd.wire.protocol import BAD_PARAMS, ToolsdError
 
 log = logging.getLogger("toolsd.session")
 
@@ -52,6 +53,15 @@ class MountGuard:
         self._poll = None
         self._dirs: list[str] = []  # guarding mount points that are folders
         self._ids: dict = {}  # path -> (st_dev, st_ino) as the sandbox started
+        # The workspace was checked resolved (workspace_rules.py), and bwrap resolves its
+        # path again when it mounts it: a folder on the way swapped for a symlink in between
+        # (by another session, in its own workspace) would lead elsewhere, ~/.ssh say. Swapped
+        # from here on, the mount lands at another path, which open() finds missing.
+        if os.path.realpath(policy.workspace) != policy.workspace or \
+                not os.path.isdir(policy.workspace):
+            raise ToolsdError(BAD_PARAMS, f"session.open: the workspace {policy.workspace} "
+                              f"changed while the session opened (a folder on its way is now "
+                              f"a symlink, or it is gone); open it again")
 
     @property
     def watching(self) -> bool:

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from toolsd.sandbox.home_folders import copy_into, inside, relative, show_folder
-from toolsd.sandbox.policy import Folder, Policy
+from toolsd.sandbox.policy import GIT_CONFIG, Folder, Policy
 
 log = logging.getLogger("toolsd.home")
 
@@ -66,7 +66,18 @@ OWN: tuple[str, ...] = (".cache", ".npm")
 
 # The session's global git config (GIT_CONFIG_GLOBAL), in its home: what `git config
 # --global` writes. It includes the host's ~/.gitconfig and ~/.config/git/config, read-only.
-GIT_CONFIG = ".gitconfig.toolsd"
+# (policy.GIT_CONFIG, imported above.)
+
+# Folders in the home that their tools rewrite as they go: version managers' shims, which
+# `pyenv rehash` (run by pip after every install), `rbenv rehash` and `asdf reshim` remake,
+# and matplotlib's config folder (read-only, it warns on every import). In the session's
+# home each is its own folder, with copies of the host's small files: a tool writes there
+# and the host's folder is never touched. (Where overlays work, every folder of the home
+# is writable that way: overlay.py.)
+TOOL_DIRS: tuple[str, ...] = (
+    ".pyenv/shims", ".rbenv/shims", ".nodenv/shims", ".goenv/shims", ".jenv/shims",
+    ".plenv/shims", ".asdf/shims", ".config/matplotlib",
+)
 
 
 # Folders that are never shown entry by entry: the sandbox makes its own /proc and /dev.
@@ -157,13 +168,15 @@ def shown_entry(path: str, home: str) -> str:
 
 
 def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[str] = (),
-         keep: Iterable[str] = ()) -> View:
+         keep: Iterable[str] = (), overlay: bool = False) -> View:
     """The homes and hidden paths of one session's sandbox.
 
     `home`: the session's HOME, resolved. `hidden`: absolute paths, existing or not (the
     daemon's folders, /run, --hide). `shown`: entries of SECRETS and OWN to let back into
     the session's home (not into other homes), relative to it. `keep`: toolsd's own files
-    (the drivers, the interpreter), bound even under a hidden path. Raises CannotHide for
+    (the drivers, the interpreter), bound even under a hidden path. `overlay`: the folders
+    of the session's own home are shown writable, their writes kept in the sandbox
+    (home_folders.show_folder; sandbox/overlay.py says where it can be). Raises CannotHide for
     a hidden path that does not exist and could only be kept from appearing by changing the
     workspace."""
     ws = workspace
@@ -224,8 +237,11 @@ def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[st
         keep_here = [relative(k, folder) for k in keep if inside(k, folder) and k != folder]
         # What --show lets back in stays read-only: bound, never a copy.
         shown_folder, outside = show_folder(folder, omit, keep=keep_here,
+                                            own_dirs=TOOL_DIRS if folder == home else (),
+                                            overlay=overlay and folder == home,
                                             writable=writable[folder],
-                                            bound=shown if folder == home else ())
+                                            bound=shown if folder == home else (),
+                                            cover_in=ws if inside(ws, folder) else "")
         if folder == home and own_home:
             # The session's own caches exist from the start, empty: tools write into them.
             made = tuple(os.path.join(home, n) for n in OWN if n in names)

@@ -44,12 +44,19 @@ def relative(path: str, folder: str) -> str:
 
 
 def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
-                writable: bool = False, bound: Iterable[str] = ()) -> tuple[Folder, list[str]]:
+                writable: bool = False, bound: Iterable[str] = (),
+                cover_in: str = "", own_dirs: Iterable[str] = (),
+                overlay: bool = False) -> tuple[Folder, list[str]]:
     """`path` as a Folder: its entries as they are now, less the `hidden` relative paths
     (existing or not); `keep` (relative) are bound even where something hidden covers them.
-    In a `writable` one (the session's home) small files are copied, except `bound` ones.
+    In a `writable` one (the session's home) small files are copied, except `bound` ones,
+    and `own_dirs` (relative folders, and those on the way) that exist are made the session's
+    own: listed entry by entry rather than bound, so that new files can be made in them.
+    With `overlay` (a writable one only), the folders it binds that are on the same
+    filesystem as `path` are shown through an overlay (Folder.overlays), except `bound`.
     Also returns paths outside `path` that hidden symlinks in it lead to: the caller hides
-    those where they are (existing ones).
+    those where they are (existing ones), and the hidden paths that lie in `cover_in`, a
+    folder mounted over this one (the workspace), which would show them again.
 
     A hidden entry that is a symlink leading elsewhere in the folder hides its target too
     (~/.ssh -> dotfiles/ssh would otherwise show the keys at ~/dotfiles/ssh); so does a
@@ -60,18 +67,22 @@ def show_folder(path: str, hidden: Iterable[str], *, keep: Iterable[str] = (),
     read_only = {os.path.normpath(b) for b in bound}
     outside: set[str] = set()
     while True:
-        listing = _Listing(path, omit, read_only, writable)
+        listing = _Listing(path, omit, read_only, writable, own_dirs, overlay)
         # Rarely more than once: only symlinks at hidden paths, or on the way to them.
         grown = _follow_symlinks(path, omit, listing.linked, outside)
         if not grown:
             break
         omit |= grown
+    if cover_in:
+        outside |= {p for p in (os.path.join(path, o) for o in omit)
+                    if inside(p, cover_in) and os.path.lexists(p)}
     binds = list(listing.binds)
     for rel in sorted({os.path.normpath(k) for k in keep}):
         if any(inside(rel, o) for o in omit):
             binds.append(os.path.join(path, rel))
     return (Folder(path=path, writable=writable, dirs=tuple(listing.dirs), binds=tuple(binds),
-                   symlinks=tuple(listing.symlinks), copies=tuple(listing.copies)),
+                   symlinks=tuple(listing.symlinks), copies=tuple(listing.copies),
+                   overlays=tuple(listing.overlays)),
             sorted(outside))
 
 
@@ -79,10 +90,15 @@ class _Listing:
     """The entries of a folder shown entry by entry (see show_folder), and `linked`: the
     hidden paths, or folders on the way to them, that are symlinks."""
 
-    def __init__(self, path: str, omit: set[str], read_only: set[str], writable: bool):
+    def __init__(self, path: str, omit: set[str], read_only: set[str], writable: bool,
+                 own_dirs: Iterable[str] = (), overlay: bool = False):
         self.path = path
+        # Overlays on the filesystem the probe tried (sandbox/overlay.py) only.
+        self.overlay_dev = os.stat(path).st_dev if overlay and writable else None
+        self.overlays: list[str] = []
         self.omit = omit
-        self.expand = ancestors(omit)
+        own = {os.path.normpath(d) for d in own_dirs} if writable else set()
+        self.expand = ancestors(omit) | ancestors(own) | own
         self.read_only = read_only
         self.writable = writable
         self.budget = COPY_TOTAL_BYTES
@@ -130,6 +146,9 @@ class _Listing:
                         self._visit(rel)
                     else:
                         self.binds.append(entry.path)
+                        if self.overlay_dev is not None and rel not in self.read_only and \
+                                entry.stat(follow_symlinks=False).st_dev == self.overlay_dev:
+                            self.overlays.append(entry.path)
                 elif entry.is_file(follow_symlinks=False):
                     (self.copies if self._copied(entry, rel) else self.binds).append(entry.path)
                 # Sockets, fifos and devices are left out: a socket is a way into a service

@@ -26,6 +26,7 @@ class PlannedFolder:
     dirs: tuple[str, ...]  # the Folder's, then those the workspace needs in a read-only one
     binds: tuple[str, ...]
     symlinks: tuple[tuple[str, str], ...]
+    overlays: frozenset[str] = frozenset()  # of binds: shown writable, writes in the sandbox
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ def _plan_folders(policy: Policy, ws: str, hidden_dirs: list[str]) -> tuple[Plan
         raise ValueError("only one folder (the session's home) can be writable")
     if writable and not policy.home:
         raise ValueError("a writable folder needs Policy.home, the host folder bound there")
-    home = _abs_path("home", policy.home) if policy.home else ""
+    if policy.home:
+        _abs_path("home", policy.home)
     checked = []
     for folder in policy.folders:
         path = _abs_path("folder", folder.path)
@@ -168,6 +170,13 @@ def _plan_folders(policy: Policy, ws: str, hidden_dirs: list[str]) -> tuple[Plan
             "symlinks": _paths("folder symlinks", (link for _t, link in folder.symlinks)),
             "copies": _paths("folder copies", folder.copies),
         }
+        overlays = set(_paths("folder overlays", folder.overlays))
+        if overlays and not folder.writable:
+            raise ValueError(f"folder {path}: only the session's home (writable) can show "
+                             f"folders through an overlay")
+        if not overlays <= set(entries["binds"]):
+            raise ValueError(f"folder {path}: overlays must be bound entries of it, not "
+                             f"{sorted(overlays - set(entries['binds']))}")
         if entries["copies"] and not folder.writable:
             raise ValueError(f"folder {path}: only the session's home (writable) can hold "
                              f"copies; bind the files instead")
@@ -178,7 +187,7 @@ def _plan_folders(policy: Policy, ws: str, hidden_dirs: list[str]) -> tuple[Plan
         for target, _link in folder.symlinks:
             if not isinstance(target, str) or not target or "\0" in target:
                 raise ValueError(f"folder {path}: symlink target {target!r} is not a path")
-        checked.append((path, folder, entries))
+        checked.append((path, folder, {**entries, "overlays": overlays}))
     checked.sort(key=lambda c: c[0].count("/"))
     planned: list[PlannedFolder] = []
     for path, folder, entries in checked:
@@ -202,9 +211,11 @@ def _plan_folders(policy: Policy, ws: str, hidden_dirs: list[str]) -> tuple[Plan
         planned.append(PlannedFolder(
             path=path, writable=folder.writable, dirs=tuple(sorted(made, key=_depth)),
             binds=tuple(entries["binds"]),
-            symlinks=tuple((t, _abs_path("symlink", link)) for t, link in folder.symlinks)))
-    if home and _inside(home, ws):
-        raise ValueError(f"the home folder {home} lies in the workspace {ws}")
+            symlinks=tuple((t, _abs_path("symlink", link)) for t, link in folder.symlinks),
+            overlays=frozenset(entries["overlays"])))
+    # The home folder and the scratch may lie in the workspace (one that holds the state
+    # folder): bwrap takes a bind's source from the host's tree, and the state folder they
+    # are in is hidden in the workspace.
     return tuple(planned)
 
 

@@ -94,6 +94,10 @@ class Folder:
     binds: tuple[str, ...] = ()  # host paths bound read-only at their own path
     symlinks: tuple[tuple[str, str], ...] = ()  # (target, path): made as the host has them
     copies: tuple[str, ...] = ()  # host files copied into Policy.home (writable only)
+    # Of `binds`, the folders shown writable through an overlay whose writes stay in the
+    # sandbox (bwrap --overlay-src + --tmp-overlay; the session's home only, where bwrap
+    # and the kernel allow it: sandbox/overlay.py).
+    overlays: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,18 +195,30 @@ def _folder_args(folder: PlannedFolder, home: str) -> list[str]:
     for target, link in folder.symlinks:
         args += ["--symlink", target, link]
     for entry in folder.binds:
-        args += ["--ro-bind-try", entry, entry]
+        if entry in folder.overlays:
+            args += ["--overlay-src", entry, "--tmp-overlay", entry]
+        else:
+            args += ["--ro-bind-try", entry, entry]
     if not folder.writable:
         args += ["--remount-ro", path]
     return args
 
 
+# In a session's own home: its global git config (GIT_CONFIG_GLOBAL), which includes the
+# host's, and the prefix of `npm install -g` (in ~/.npm, the session's own and empty: npm's
+# own prefix, /usr or /usr/local, is read-only in the sandbox).
+GIT_CONFIG = ".gitconfig.toolsd"
+NPM_PREFIX = ".npm/global"
+
+
 def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str],
-                git_config_global: str | None = None) -> dict[str, str]:
+                own_home: bool = False, no_network: bool = False) -> dict[str, str]:
     """The clean environment of a session: fixed values for tools that would otherwise page,
     colour or buffer their output, then the session's own env on top (it may override any).
-    `git_config_global`: the session's own git config file in its home, where `git config
-    --global` writes (docs/sandbox.md, "Git")."""
+    `own_home`: the session has a home of its own, where `git config --global` and `npm
+    install -g` write (docs/sandbox.md, "The home folder", "Toolchains"). `no_network`: the
+    session has none, so npm fails a registry request at once instead of retrying it for
+    a minute and more (docs/sandbox.md, "Environment")."""
     env = {
         "PATH": path,
         "HOME": home,
@@ -213,9 +229,17 @@ def sandbox_env(*, home: str, path: str, lang: str, extra: Mapping[str, str],
         "GIT_PAGER": "cat",
         "PYTHONUNBUFFERED": "1",
         "TMPDIR": "/tmp",
+        # npm's check for a newer npm runs behind every command and keeps node alive until
+        # its request ends: `npm init` with no input and no network waited on its retries.
+        "NPM_CONFIG_UPDATE_NOTIFIER": "false",
     }
-    if git_config_global:
-        env["GIT_CONFIG_GLOBAL"] = git_config_global
+    if no_network:
+        env["NPM_CONFIG_FETCH_RETRIES"] = "0"
+    if own_home:
+        prefix = f"{home.rstrip('/')}/{NPM_PREFIX}"
+        env["GIT_CONFIG_GLOBAL"] = f"{home.rstrip('/')}/{GIT_CONFIG}"
+        env["NPM_CONFIG_PREFIX"] = prefix
+        env["PATH"] = f"{prefix}/bin:{path}"
     env.update(validate_env(extra))
     return env
 

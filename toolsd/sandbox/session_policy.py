@@ -5,13 +5,17 @@ and environment checked against it. I/O: realpath, isdir and exists on the host.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 
 from driver import DRIVER_DIR
-from toolsd.sandbox import home
+from toolsd.sandbox import home, overlay, workspace_rules
 from toolsd.sandbox.policy import PROC_READ_ONLY, Policy, check_env_size, validate_env
 from toolsd.wire.protocol import BAD_PARAMS, ToolsdError
+
+log = logging.getLogger("toolsd.session")
+
 
 def check_workspace(path: str) -> str:
     if not os.path.isabs(path):
@@ -51,15 +55,26 @@ def own_files_under_tmp() -> tuple[str, ...]:
 
 
 
-def plan_view(*, home_path: str, workspace: str, hidden_paths, shown) -> home.View:
-    """The homes and hidden paths as a session's sandbox shows them (home.plan)."""
+def plan_view(*, home_path: str, workspace: str, hidden_paths, shown,
+              bwrap: str | None = None, made: bool = False) -> home.View:
+    """The homes and hidden paths as a session's sandbox shows them (home.plan), after
+    check_outside. `hidden_paths`: {path: what it is, in words}. `bwrap`: the sandbox's,
+    which may show the home's folders writable (overlay.py). `made`: the daemon made the
+    workspace in its work root, one of the hidden paths, so it is not checked."""
+    if not made:
+        check_outside(workspace, own_home=home_path, shown=shown, own_folders={
+            **hidden_paths, **{d: "the host's service sockets, hidden from every session"
+                               for d in RUNTIME_DIRS}})
+    real_home = os.path.realpath(home_path)
+    with_overlay = bwrap is not None and os.path.isdir(real_home) and \
+        not overlay.why_no_overlay(bwrap, real_home)
     # Resolved: a symlinked folder must be covered where it really is.
     # /run holds the host's service sockets (D-Bus, docker, agents, $XDG_RUNTIME_DIR):
     # a read-only mount does not stop connect(), so they are hidden, not just read-only.
     hidden = [os.path.realpath(p) for p in (*hidden_paths, *RUNTIME_DIRS)]
     try:
-        return home.plan(home=os.path.realpath(home_path), workspace=workspace,
-                         hidden=hidden, shown=shown, keep=own_files())
+        return home.plan(home=real_home, workspace=workspace, hidden=hidden, shown=shown,
+                         keep=own_files(), overlay=with_overlay)
     except home.CannotHide as e:
         raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
 
@@ -67,6 +82,8 @@ def plan_view(*, home_path: str, workspace: str, hidden_paths, shown) -> home.Vi
 def session_policy(*, workspace: str, scratch: str, writable: bool, network: str,
                    view: home.View, env: dict[str, str], home_dir: str) -> Policy:
     """The Policy of a session on `workspace`: ValueError if the sandbox cannot mount it."""
+    if writable:
+        make_hooks_folder(workspace)
     protected = [os.path.join(workspace, ".git", p) for p in ("hooks", "config")]
     return Policy(
         workspace=workspace,
@@ -85,13 +102,30 @@ def session_policy(*, workspace: str, scratch: str, writable: bool, network: str
     )
 
 
-def check_outside(workspace: str, own_folders) -> None:
-    """BAD_PARAMS if `workspace` lies in one of toolsd's own folders (its socket's, its
-    state, --hide ones): sessions must never see them."""
-    for own in map(os.path.realpath, own_folders):
-        if workspace == own or workspace.startswith(own.rstrip("/") + "/"):
-            raise ToolsdError(BAD_PARAMS, f"workspace {workspace} is inside toolsd's "
-                              f"own folder {own}, which sessions must never see")
+def make_hooks_folder(workspace: str) -> None:
+    """An empty hooks folder in the workspace's top-level repository where it has none, as
+    `git init` makes one: the sandbox can only make read-only a path that exists when it
+    starts, and a hooks folder the host makes later (a hook manager's install, `git init`
+    run again) would otherwise be the session's to write (docs/sandbox.md, "A hooks folder
+    made after open")."""
+    git = os.path.join(workspace, ".git")
+    hooks = os.path.join(git, "hooks")
+    if os.path.isdir(git) and not os.path.islink(git) and not os.path.lexists(hooks):
+        try:
+            os.mkdir(hooks, 0o755)
+        except OSError as e:
+            log.warning("%s: could not make the hooks folder, so one made later is not "
+                        "read-only in the session (%s)", hooks, e)
+
+
+def check_outside(workspace: str, *, own_home: str, shown, own_folders) -> None:
+    """BAD_PARAMS if `workspace` is or lies in a hidden path: one of toolsd's own folders
+    (`own_folders`, {path: what it is}: its socket's, its state, --hide ones) or an entry
+    the homes hide (workspace_rules.py): sessions must never see them."""
+    why = workspace_rules.refusal(workspace, own_home=own_home, shown=shown,
+                                  own_folders=own_folders)
+    if why is not None:
+        raise ToolsdError(BAD_PARAMS, f"session.open: {why}")
 
 
 def resolve_cwd(workspace: str, cwd: str | None) -> str:
