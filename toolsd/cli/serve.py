@@ -31,6 +31,8 @@ def add_parser(sub, common) -> None:
     p.add_argument("--idle-timeout", type=duration, metavar="DURATION",
                    help="close a session after this long with no call and no running process "
                         "(90s, 30m, 2h, or seconds; default: never)")
+    # Tests only (never a default): names resolve from this JSON file (sandbox/egress/resolver.py).
+    p.add_argument("--test-resolver", metavar="FILE", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_serve)
 
@@ -73,6 +75,7 @@ def cmd_serve(args) -> int:
         shown=shown,
         warm_spare=args.warm_spare,
         idle_timeout_s=args.idle_timeout,
+        test_resolver=args.test_resolver,
     )
     try:
         daemon.run(config)

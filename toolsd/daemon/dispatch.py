@@ -19,6 +19,7 @@ import trio
 
 from toolsd.tools import images, processes, repl, shell
 from toolsd.tools.calls import Answer, Detached
+from toolsd.wire.egress import SessionNetworkParams, SessionNetworkResult
 from toolsd.wire.process_input import (
     ProcessResizeParams,
     ProcessResizeResult,
@@ -110,6 +111,10 @@ async def session_list(sup: Supervisor, p: SessionListParams) -> SessionListResu
     return SessionListResult(sessions=[s.info() for s in sup.open_sessions()])
 
 
+async def session_network(sup: Supervisor, p: SessionNetworkParams) -> SessionNetworkResult:
+    return sup.session(p.session).net.listing(p.since)  # daemon/egress.py
+
+
 async def turn_begin(sup: Supervisor, p: SessionParams) -> TurnBeginResult:
     with sup.session(p.session).call() as session:
         return await session.reported(TurnBeginResult(turn=session.begin_turn()))
@@ -196,6 +201,7 @@ METHODS: Final[dict[str, Method]] = {
     "session.open": Method(SessionOpenParams, session_open),
     "session.close": Method(SessionParams, session_close),
     "session.list": Method(SessionListParams, session_list),
+    "session.network": Method(SessionNetworkParams, session_network),
     "turn.begin": Method(SessionParams, turn_begin),
     "turn.end": Method(TurnEndParams, turn_end),
     "shell.run": Method(ShellRunParams, shell_run, takes_answer=True),

@@ -19,20 +19,15 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 import trio
 
 from toolsd.daemon.activity import Activity
+from toolsd.daemon.egress import session_network
 from toolsd.daemon.turn import Turn
 from toolsd.sandbox import cgroups, home
 from toolsd.sandbox.guards import MountGuard
 from toolsd.sandbox.launcher import Launcher, LauncherError
 from toolsd.sandbox.repositories import RepositoryWatch
 from toolsd.sandbox.policy import Limits, bwrap_argv, check_env_size, sandbox_env, validate_env
-from toolsd.sandbox.session_policy import (
-    check_outside,
-    check_workspace,
-    command_env,
-    plan_view,
-    resolve_cwd,
-    session_policy,
-)
+from toolsd.sandbox.session_policy import (check_outside, check_workspace, command_env,
+                                           plan_view, resolve_cwd, session_policy)
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     NOT_FOUND,
@@ -59,7 +54,8 @@ class Session:
         self.id = session_id
         self.supervisor = supervisor
         self.workspace = check_workspace(params.workspace)
-        self.network = params.network
+        self.net = session_network(params.network, supervisor.egress, supervisor.bwrap is not None)
+        self.network = self.net.name
         self.writable = params.writable
         try:
             self.user_env = validate_env(params.env)
@@ -110,7 +106,7 @@ class Session:
             home=home_path,
             path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             lang=os.environ.get("LANG", "C.UTF-8"),
-            extra=self.user_env,
+            extra={**self.net.env, **self.user_env},
             git_config_global=(os.path.join(home_path, home.GIT_CONFIG) if self.home_is_own
                                else None),
         )
@@ -123,7 +119,8 @@ class Session:
             # start, so that it is not made twice.
             self.policy = session_policy(
                 workspace=self.workspace, scratch=self.scratch, writable=self.writable,
-                network=self.network, view=view, env=self.env, home_dir=self.home_dir)
+                network=self.net.policy_network, view=view, env=self.env,
+                home_dir=self.home_dir, **self.net.policy_fields())
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
         self.guard = MountGuard(self.policy)
@@ -198,7 +195,8 @@ class Session:
                 try:
                     self.launcher = await Launcher.start(
                         nursery, wrapper=self.wrapper(), env=self.env, cwd=self.workspace,
-                        python=sys.executable)
+                        python=sys.executable, listen=self.net.listen)
+                    await self.net.start(nursery, self.launcher.listeners)
                 except LauncherError as e:
                     self.closed = True
                     task_status.started(ToolsdError(
@@ -301,7 +299,7 @@ class Session:
         """`result` with host_exec, looked at now that its call is over: every result of a
         call on a session carries it (left out while there is nothing)."""
         result.host_exec = await self.repositories.look() or UNSET
-        return result
+        return self.net.report(result, self.processes)
 
     # ------------------------------------------------------------ memory
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Iterator
 import trio
 
 from toolsd import __version__
+from toolsd.daemon.egress import EgressHost
 from toolsd.daemon.session import Session
 from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state import StateDir
@@ -49,6 +50,7 @@ class Config:
     warm_spare: bool = True  # keep a sandbox started ahead for the next session.open
     # Close sessions idle for this long (--idle-timeout; see activity.Activity); None: never.
     idle_timeout_s: float | None = None
+    test_resolver: str | None = None  # tests only: names resolved from this file (egress)
 
 
 # Why recently ended sessions ended, kept for calls that still name them: at most this many.
@@ -63,6 +65,7 @@ class Supervisor:
         self.config = config
         self.nursery = nursery
         self.state = StateDir(config.state_dir)
+        self.egress = EgressHost(self.state.path, config.test_resolver)
         self.bwrap = bwrap
         self.why_no_sandbox = why_not
         self.sessions: dict[str, Session] = {}

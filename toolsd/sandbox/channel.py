@@ -45,6 +45,13 @@ class Ready(_Msg, tag="ready"):
     node: str | None = None
 
 
+class Listening(_Msg, tag="listening"):
+    """Before `ready`, when asked: the egress proxy's listeners in the sandbox's network
+    namespace (fds: one per name, e.g. "tcp:3128"), or why they could not be made."""
+    names: list[str] = []
+    error: str = ""
+
+
 class Pong(_Msg, tag="pong"):
     n: int | None = None
 
@@ -77,7 +84,7 @@ class Done(_Msg, tag="done"):
     job: int
 
 
-FromLauncher = Ready | Pong | Started | Failed | Exited | Done
+FromLauncher = Ready | Listening | Pong | Started | Failed | Exited | Done
 # A datagram that is no message of ours (truncated, not JSON, an unknown op, a field of the
 # wrong type): dropped, as the launcher never sends one.
 UNREADABLE: Final = object()

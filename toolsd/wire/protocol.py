@@ -12,13 +12,14 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from toolsd.wire.egress import NetworkDenied, NetworkRule
 from toolsd.wire.process_input import TerminalSide
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream")
+FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "egress")
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"
@@ -112,7 +113,7 @@ class SessionLimits(Struct, frozen=True):
 
 class SessionOpenParams(Struct):
     workspace: str
-    network: Network = "none"
+    network: Network | NetworkRule = "none"  # 1.2 "egress": the map (wire/egress.py)
     writable: bool = True
     env: Env = {}
     limits: SessionLimits = SessionLimits()
@@ -195,6 +196,7 @@ class ShellRunResult(Struct, omit_defaults=True):
     output_file: str | None = None  # with `spill`, when the output was cut
     cwd_after: str | None = None  # with `report_cwd`, unless the shell was killed
     host_exec: HostExec = UNSET
+    network_denied: NetworkDenied = UNSET
 
 
 class ReplExecParams(Struct):
@@ -231,6 +233,7 @@ class ReplExecResult(Struct, omit_defaults=True):
     # when the interpreter had to be killed, the other processes of its tree).
     processes_ended: int = 0
     host_exec: HostExec = UNSET
+    network_denied: NetworkDenied = UNSET
 
 
 class ProcessStartParams(Struct):
@@ -272,6 +275,7 @@ class ProcessOutputResult(Struct):
     truncated: bool
     waiting_for_input: bool = False  # 1.1 "tty"/"stdin": blocked reading input, none pending
     host_exec: HostExec = UNSET
+    network_denied: NetworkDenied = UNSET
 
 
 class ProcessStopParams(Struct):

@@ -1,0 +1,43 @@
+"""Protocol 1.2 "egress" (PROTOCOL.md, "Egress by domain"): session.open's network map,
+session.network's params and result. Entries are checked by sandbox/egress/rules.py."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct, UnsetType, field
+
+# On shell.run, repl.exec and process.output results: the connections refused during the
+# call, as "host:port: why"; left out when there were none.
+NetworkDenied = list[str] | UnsetType
+
+
+class NetworkRule(Struct):
+    """`network: {allow, deny, ports}`: names (`docs.example.org`, `*.example.org`) and
+    CIDRs (`192.0.2.0/24`) the session may reach, on those ports."""
+
+    allow: list[str]
+    deny: list[str] = []
+    ports: list[int] = field(default_factory=lambda: [80, 443])
+
+
+class SessionNetworkParams(Struct):
+    session: str
+    since: Annotated[int, Meta(ge=0)] = 0
+
+
+class NetworkEntry(Struct):
+    at: float
+    host: str
+    port: int
+    verdict: Literal["allowed", "denied"]
+    why: str
+    sent: int
+    received: int
+
+
+class SessionNetworkResult(Struct):
+    entries: list[NetworkEntry]
+    next: int
+    dropped: int
+    network: str = "none"  # the session's network: "none", "host" or "filtered"
