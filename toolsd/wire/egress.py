@@ -12,6 +12,29 @@ from msgspec import Meta, Struct, UnsetType, field
 NetworkDenied = list[str] | UnsetType
 
 
+# Named lists of names for `--allow-preset` (the CLI, toolsd agent, toolsd mcp; listed in
+# docs/sandbox.md): what each ecosystem's package tools fetch from, and nothing more.
+PRESETS: dict[str, tuple[str, ...]] = {
+    "pypi": ("pypi.org", "files.pythonhosted.org"),
+    "npm": ("registry.npmjs.org",),
+    "debian": ("deb.debian.org", "security.debian.org"),
+    "github": ("github.com", "api.github.com", "codeload.github.com",
+               "objects.githubusercontent.com", "raw.githubusercontent.com"),
+}
+
+
+def network_of(allow: list[str], presets: list[str]) -> dict | str:
+    """session.open's `network` for `--allow NAME` and `--allow-preset NAME` options: the
+    map, or "none" when both are empty. ValueError for an unknown preset."""
+    names = list(allow)
+    for preset in presets:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; the presets are "
+                             f"{', '.join(sorted(PRESETS))}")
+        names += PRESETS[preset]
+    return {"allow": names} if names else "none"
+
+
 class NetworkRule(Struct):
     """`network: {allow, deny, ports}`: names (`docs.example.org`, `*.example.org`) and
     CIDRs (`192.0.2.0/24`) the session may reach, on those ports."""

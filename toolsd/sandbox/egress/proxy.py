@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import os
 import socket
 
 import trio
@@ -51,6 +52,7 @@ class EgressProxy:
         self.active = 0
         self.refused_busy = 0  # connections refused at the limit (logged once a second)
         self._busy_logged = -1.0
+        self.failed: str | None = None
 
     async def serve(self, listeners: dict[str, socket.socket], *,
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -62,6 +64,12 @@ class EgressProxy:
                 nursery.start_soon(self._accept, socks_["dns_tcp"], self._dns_tcp, DNS_PORT)
                 nursery.start_soon(dns_stub.serve_udp, socks_["dns_udp"], self.answer_dns)
                 task_status.started()
+        except Exception as e:
+            # Never the daemon's end: the session's network is off from now on (its
+            # listeners closed, so a connection is refused at once), and its log says so.
+            log.exception("egress proxy failed")
+            self.failed = f"the session's egress proxy failed ({e!r}); its network is off"
+            self.log.denied(HOST, HTTP_PORT, self.failed)
         finally:
             for s in socks_.values():
                 s.close()
@@ -91,8 +99,7 @@ class EgressProxy:
         reply = {HTTP_PORT: http_head.response(503, why),
                  SOCKS_PORT: socks.choice(socks.NO_METHOD)}.get(port, b"")
         try:
-            conn.setblocking(False)
-            conn.send(reply)
+            os.write(conn.fileno(), reply)  # non-blocking: what does not fit is dropped
         except OSError:
             pass
         conn.close()

@@ -17,16 +17,6 @@ DEFAULT_PORTS = (80, 443)
 MAX_ENTRIES = 1000
 _LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 
-# Names for session.open's presets (docs/sandbox.md lists them): what the package tools of
-# each ecosystem fetch from, and nothing more.
-PRESETS: dict[str, tuple[str, ...]] = {
-    "pypi": ("pypi.org", "files.pythonhosted.org"),
-    "npm": ("registry.npmjs.org",),
-    "debian": ("deb.debian.org", "security.debian.org"),
-    "github": ("github.com", "api.github.com", "codeload.github.com",
-               "objects.githubusercontent.com", "raw.githubusercontent.com"),
-}
-
 NETWORK_OFF = "network is off for this session"
 
 
