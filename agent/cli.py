@@ -81,6 +81,9 @@ def add_parser(sub, common) -> None:
                    help="go on with this workspace's latest conversation")
     p.add_argument("--json", action="store_true",
                    help="print the turn's events as JSON lines instead of text")
+    from toolsd.wire import egress  # loaded with the client already
+
+    egress.add_allow_options(p)  # the session's network: off unless --allow
     p.set_defaults(func=cmd_agent)
 
 
@@ -200,6 +203,7 @@ class Run:
         from agent.terminal import Terminal
         from agent.turn import AgentConfig
         from toolsd.client import ToolsdError
+        from toolsd.wire.egress import network_of
 
         args = self.args
         code = EXIT_CODES["interrupted"]
@@ -215,7 +219,10 @@ class Run:
                             self.agent = await Agent.open(
                                 self.workspace, self.model, mode=args.mode,
                                 approve=term.approve if args.mode == "ask" else None,
-                                config=AgentConfig(max_steps=args.max_steps),
+                                config=AgentConfig(max_steps=args.max_steps,
+                                                   network=network_of(
+                                                       args.allow, args.allow_preset,
+                                                       args.allow_port)),
                                 socket=self.socket, resume="latest" if args.resume else None)
                         except (ToolsdError, ConversationError, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")

@@ -7,10 +7,10 @@ No traffic leaves the machine, even with the filter broken."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
+import subprocess
+import sys
 import tempfile
 
 import psutil
@@ -428,3 +428,26 @@ def test_ten_thousand_connections_are_refused_past_the_limit_and_others_go_on(wo
         for p in procs:
             world.client.process_stop(p)
         world.client.session_close(hostile)
+
+
+def toolsd(world, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "toolsd", "--socket", world.daemon.socket,
+                           *args], capture_output=True, text=True, timeout=120,
+                          env=world.daemon.env)
+
+
+def test_toolsd_exec_allow_and_toolsd_net(world, session):
+    workspace = tempfile.mkdtemp(dir=world.root)
+    url = f"http://allowed.test:{world.port}/hello.txt"
+    ok = toolsd(world, "exec", "--workspace", workspace, "--allow", "allowed.test",
+                "--allow-port", str(world.port), "--", "curl", "-sS", url)
+    assert ok.returncode == 0 and "hello from allowed.test" in ok.stdout, ok.stderr
+    off = toolsd(world, "exec", "--workspace", workspace, "--", "curl", "-sS", url)
+    assert "hello from" not in off.stdout
+    assert (f"toolsd exec: network refused allowed.test:{world.port}: network is off for this "
+            f"session") in off.stderr
+    world.run(session, curl(f"http://evil.test:{world.port}/"))
+    shown = toolsd(world, "net", session)
+    assert shown.returncode == 0, shown.stderr
+    assert f"denied   evil.test:{world.port}  evil.test is not in the session's allow list" \
+        in shown.stdout

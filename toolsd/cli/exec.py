@@ -8,6 +8,7 @@ import os
 import sys
 
 from toolsd.cli.common import connect
+from toolsd.wire.egress import add_allow_options, network_of
 
 
 def add_parser(sub, common) -> None:
@@ -15,6 +16,7 @@ def add_parser(sub, common) -> None:
                        help="run one command in a fresh session and print its output")
     p.add_argument("--workspace", default=os.getcwd())
     p.add_argument("--network", choices=["none", "host"], default="none")
+    add_allow_options(p)
     p.add_argument("--read-only", action="store_true")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -28,6 +30,14 @@ def cmd_exec(args) -> int:
         return 2
     import shlex
 
+    network = network_of(args.allow, args.allow_preset, args.allow_port)
+    if network == "none":
+        network = args.network
+    elif args.network == "host":
+        print("toolsd exec: --allow and --allow-preset filter the network; leave out "
+              "--network host", file=sys.stderr)
+        return 2
+
     text = command[0] if len(command) == 1 else shlex.join(command)
     printed = [""]  # the last text printed live
 
@@ -39,7 +49,7 @@ def cmd_exec(args) -> int:
 
     with connect(args) as c:
         live = "stream" in c.hello().get("features", [])
-        session = c.session_open(os.path.abspath(args.workspace), network=args.network,
+        session = c.session_open(os.path.abspath(args.workspace), network=network,
                                  writable=not args.read_only)["session"]
         try:
             result = c.shell_run(session, text, timeout_s=args.timeout,
@@ -56,6 +66,8 @@ def cmd_exec(args) -> int:
         sys.stdout.write(shown)
     if shown and not shown.endswith("\n"):
         sys.stdout.write("\n")
+    for line in result.get("network_denied", []):  # 1.2 "egress": why a download failed
+        print(f"toolsd exec: network refused {line}", file=sys.stderr)
     if result["timed_out"]:
         print(f"toolsd exec: timed out after {args.timeout} s", file=sys.stderr)
         return 124

@@ -13,6 +13,7 @@ from toolsd.cli import (
     image,
     kill,
     logs,
+    net,
     ps,
     repl,
     serve,
@@ -22,7 +23,7 @@ from toolsd.client import ToolsdError
 
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
-COMMANDS = (serve, status, doctor, exec_, image, ps, logs, attach, kill, repl, agent_cli,
+COMMANDS = (serve, status, doctor, exec_, image, ps, logs, attach, kill, repl, net, agent_cli,
             mcp_server)
 
 

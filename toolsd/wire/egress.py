@@ -23,16 +23,37 @@ PRESETS: dict[str, tuple[str, ...]] = {
 }
 
 
-def network_of(allow: list[str], presets: list[str]) -> dict | str:
-    """session.open's `network` for `--allow NAME` and `--allow-preset NAME` options: the
-    map, or "none" when both are empty. ValueError for an unknown preset."""
+def network_of(allow: list[str], presets: list[str], ports: list[int] = ()) -> dict | str:
+    """session.open's `network` for `--allow NAME`, `--allow-preset NAME` and `--allow-port
+    PORT` options: the map, or "none" when no name is given. ValueError for an unknown
+    preset."""
     names = list(allow)
     for preset in presets:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; the presets are "
                              f"{', '.join(sorted(PRESETS))}")
         names += PRESETS[preset]
-    return {"allow": names} if names else "none"
+    if not names:
+        return "none"
+    return {"allow": names, **({"ports": [80, 443, *ports]} if ports else {})}
+
+
+def add_allow_options(parser) -> None:
+    """`--allow NAME` and `--allow-preset PRESET` on an argparse parser (`toolsd exec`, `toolsd
+    agent`, `toolsd mcp`); `network_of(args.allow, args.allow_preset)` reads them."""
+    parser.add_argument(
+        "--allow", action="append", default=[], metavar="NAME",
+        help="let the session reach this host name (docs.example.org), the names under a "
+             "suffix (*.example.org) or a CIDR (192.0.2.0/24), on ports 80 and 443, through a "
+             "proxy the daemon runs; everything else stays refused (repeatable)")
+    parser.add_argument(
+        "--allow-preset", action="append", default=[], metavar="PRESET",
+        choices=sorted(PRESETS),
+        help=f"--allow the hosts of a package ecosystem: {', '.join(sorted(PRESETS))} "
+             f"(docs/sandbox.md lists them; repeatable)")
+    parser.add_argument(
+        "--allow-port", action="append", default=[], metavar="PORT", type=int,
+        help="a port the allowed names may be reached on, besides 80 and 443 (repeatable)")
 
 
 class NetworkRule(Struct):
