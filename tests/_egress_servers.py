@@ -147,3 +147,73 @@ def write_index(root: str, host: str) -> None:
                      hashlib.sha512(tarball).digest()).decode()}}}}
     with open(os.path.join(root, "egress-probe", "index.html"), "w") as f:
         json.dump(doc, f)
+
+
+class UpstreamProxy:
+    """An HTTP proxy on loopback standing for the one a user's daemon sits behind: it takes
+    CONNECT and absolute-form GET, goes to `names` (name -> address), and records what it
+    was asked for."""
+
+    def __init__(self, names: dict[str, str]):
+        import socket
+        self.names = names
+        self.asked: list[str] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.3", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        import socket
+        import urllib.parse
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                head += data
+            line, _, rest = head.partition(b"\r\n")
+            method, target, version = line.decode().split(" ")
+            self.asked.append(f"{method} {target}")
+            if method == "CONNECT":
+                host, port = target.rsplit(":", 1)
+            else:
+                url = urllib.parse.urlsplit(target)
+                host, port = url.hostname, url.port or 80
+            upstream = socket.create_connection((self.names[host], int(port)))
+            if method == "CONNECT":
+                conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+                extra = head.partition(b"\r\n\r\n")[2]
+            else:
+                path = urllib.parse.urlsplit(target).path or "/"
+                extra = f"{method} {path} {version}\r\n".encode() + rest
+            with upstream:
+                upstream.sendall(extra)
+                threading.Thread(target=_pump, args=(conn, upstream), daemon=True).start()
+                _pump(upstream, conn)
+
+    def close(self):
+        self.sock.close()
+
+
+def _pump(src, dst):
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(1)
+        except OSError:
+            pass

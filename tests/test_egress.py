@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -451,3 +452,59 @@ def test_toolsd_exec_allow_and_toolsd_net(world, session):
     assert shown.returncode == 0, shown.stderr
     assert f"denied   evil.test:{world.port}  evil.test is not in the session's allow list" \
         in shown.stdout
+
+
+def pypi_reachable() -> str | None:
+    """Why the Python package index cannot be reached from here, or None."""
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+    except OSError as e:
+        return f"the Python package index is unreachable from this machine ({e})"
+    return None
+
+
+def test_pip_download_with_only_the_pypi_preset(daemon_root):
+    # The one test that leaves the machine: the Python package index's hosts, and only them.
+    why = pypi_reachable()
+    if why:
+        pytest.skip(why)
+    from toolsd.wire.egress import network_of
+    d = RunningDaemon(daemon_root).start()  # the host's resolver: no test resolver
+    try:
+        with d.client() as c:
+            s = c.session_open(d.workspace, network=network_of([], ["pypi"]))["session"]
+            r = c.shell_run(s, "python3 -m pip download --isolated --no-deps --no-cache-dir "
+                            "--cert /etc/ssl/certs/ca-certificates.crt --index-url "
+                            "https://pypi.org/simple -d /tmp/d six >/dev/null 2>&1; ls /tmp/d",
+                            timeout_s=180)
+            assert r["output"].startswith("six-"), r["output"]
+            hosts = {(e["host"], e["verdict"]) for e in c.session_network(s)["entries"]}
+            assert ("files.pythonhosted.org", "allowed") in hosts
+            c.session_close(s)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_an_upstream_proxy_of_the_daemon_carries_allowed_connections(world, daemon_root):
+    upstream = servers.UpstreamProxy({"allowed.test": servers.ORIGIN})
+    proxy = f"http://127.0.0.3:{upstream.port}"
+    d = RunningDaemon(daemon_root, extra_args=("--test-resolver", world.resolver),
+                      env={"HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "NO_PROXY": ""}).start()
+    try:
+        with d.client() as c:
+            workspace = tempfile.mkdtemp(dir=world.root)
+            s = c.session_open(workspace, network={"allow": ["allowed.test"],
+                                                   "ports": [world.port]})["session"]
+            r = c.shell_run(s, "; ".join([
+                curl(f"http://allowed.test:{world.port}/hello.txt"),
+                curl(f"http://allowed.test:{world.port}/hello.txt",
+                     "--proxy socks5h://127.0.0.1:1080"),
+                curl(f"http://evil.test:{world.port}/")]))
+            assert r["output"].count("hello from allowed.test") == 2, r["output"]
+            assert upstream.asked == [f"GET http://allowed.test:{world.port}/hello.txt",
+                                      f"CONNECT allowed.test:{world.port}"]
+            assert r["network_denied"][0].startswith("evil.test")
+            c.session_close(s)
+    finally:
+        upstream.close()
+        assert d.stop() == 0, d.read_log()
