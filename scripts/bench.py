@@ -341,6 +341,7 @@ SECTIONS = {
     "load": section("bench_load", "bench_load", "sessions", "clients"),
     "home": section("bench_home", "bench_home"),
     "big-workspace": section("bench_home", "bench_big_workspace"),
+    "egress": section("bench_egress", "bench_egress"),
 }
 
 
