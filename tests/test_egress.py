@@ -508,3 +508,26 @@ def test_an_upstream_proxy_of_the_daemon_carries_allowed_connections(world, daem
     finally:
         upstream.close()
         assert d.stop() == 0, d.read_log()
+
+
+IN_TUNNEL = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT allowed.test:%s HTTP/1.1\\r\\n\\r\\n" % sys.argv[1].encode())
+print(s.recv(100).split(b"\\r\\n")[0].decode())
+s.sendall(b"GET /hello.txt HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n" % sys.argv[2].encode())
+data = b""
+while chunk := s.recv(4096):
+    data += chunk
+print(data.decode().splitlines()[-1] if data else "closed")
+"""
+
+
+def test_a_host_header_in_a_tunnel_must_name_the_connect_host(world, session):
+    write(world, session, "in_tunnel.py", IN_TUNNEL)
+    ok = world.run(session, f"python3 in_tunnel.py {world.port} allowed.test:{world.port}")
+    assert "hello from allowed.test" in ok["output"], ok["output"]
+    bad = world.run(session, f"python3 in_tunnel.py {world.port} evil.test")
+    assert bad["output"].split("\n")[:2] == ["HTTP/1.1 200 Connection established", "closed"]
+    assert bad["network_denied"] == [f"allowed.test:{world.port}: the Host header 'evil.test' "
+                                     f"does not match the request's host allowed.test"]

@@ -124,6 +124,9 @@ class Policy:
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
+        if self.listens and self.network != "none":
+            raise ValueError("the egress proxy listens in a network namespace of its own: "
+                             "network must be none")
         if not isinstance(self.writable, bool):
             raise ValueError(f"writable must be true or false, got {self.writable!r}")
         check_env_size(validate_env(self.env))

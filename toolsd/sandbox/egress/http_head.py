@@ -63,6 +63,20 @@ class Head:
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
+def host_header(data: bytes) -> bytes | None:
+    """The Host header of the request head `data`, of any form (None without one)."""
+    for line in data.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"host":
+            return value.strip(b" \t")
+    return None
+
+
+def looks_like_http(data: bytes) -> bool:
+    """Whether `data` starts like an HTTP request line (`GET /...`)."""
+    return re.match(rb"[A-Z]{3,10} \S", data) is not None
+
+
 def head_end(buffer: bytes) -> int:
     """The length of the head in `buffer` (its blank line included), or -1 if not whole."""
     end = buffer.find(b"\r\n\r\n")

@@ -179,18 +179,22 @@ class EgressProxy:
                 await relay(client, server, entry, head.for_origin(auth) + rest)
 
     def _check_host_header(self, head: http_head.Head, target: Target) -> None:
-        value = head.header(b"host")
+        why = self._host_header_refused(head.header(b"host"), target)
+        if why is not None:
+            raise Refused(target.label, target.port, why)
+
+    @staticmethod
+    def _host_header_refused(value: bytes | None, target: Target) -> str | None:
         if value is None:
-            return
+            return None
         try:
             host, port = http_head.split_authority(value.decode("latin-1"), 80)
-            same = str(host_name(host)) == target.label and port == head.port
+            if str(host_name(host)) == target.label and port in (target.port, 80):
+                return None
         except (http_head.BadHead, ValueError):
-            same = False
-        if not same:
-            raise Refused(target.label, target.port,
-                          f"the Host header {value.decode('latin-1')[:80]!r} does not match "
-                          f"the request's host {target.label}")
+            pass
+        return (f"the Host header {value.decode('latin-1')[:80]!r} does not match the "
+                f"request's host {target.label}")
 
     async def _dial(self, target: Target, *, tunnel: bool) -> trio.SocketStream:
         if target.upstream is None:
@@ -224,6 +228,10 @@ class EgressProxy:
                     why = self._server_name_refused(hello.server_name, target)
             elif target.port in TLS_PORTS:
                 why = f"port {target.port} takes TLS only, and this is no ClientHello"
+            elif http_head.looks_like_http(data):
+                data = await self._read(client, data, lambda b: http_head.head_end(b) >= 0
+                                        or len(b) > http_head.MAX_HEAD)
+                why = self._host_header_refused(http_head.host_header(data), target)
             if why is not None:
                 self.log.refuse(entry, why)
                 return None
