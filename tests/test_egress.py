@@ -531,3 +531,20 @@ def test_a_host_header_in_a_tunnel_must_name_the_connect_host(world, session):
     assert bad["output"].split("\n")[:2] == ["HTTP/1.1 200 Connection established", "closed"]
     assert bad["network_denied"] == [f"allowed.test:{world.port}: the Host header 'evil.test' "
                                      f"does not match the request's host allowed.test"]
+
+
+def test_network_denied_on_repl_exec_and_process_output(world, session):
+    turn = world.client.turn_begin(session)["turn"]
+    code = ("import urllib.request\ntry:\n    urllib.request.urlopen("
+            f"'http://evil.test:{world.port}/')\nexcept Exception as e:\n    print(e)")
+    r = world.client.repl_exec(session, turn, code)
+    assert "403" in r["output"]
+    assert r["network_denied"] == [
+        f"evil.test:{world.port}: evil.test is not in the session's allow list"]
+    world.client.turn_end(session, turn)
+    bg = world.client.process_start(session, curl(f"http://other.test:{world.port}/"))["id"]
+    wait_for(lambda: world.client.process_output(bg, since=0)["status"] == "exited")
+    out = world.client.process_output(bg)
+    assert out["network_denied"] == [
+        f"other.test:{world.port}: other.test is not in the session's allow list"]
+    assert "network_denied" not in world.client.process_output(bg)  # reported once

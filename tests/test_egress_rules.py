@@ -234,3 +234,17 @@ def test_refusals_of_a_call_are_listed_once_each():
         log.add("evil.test", 80, "denied", "not allowed", now=10.0)
     log.add("ok.test", 80, "allowed", "allowed", now=10.0)
     assert log.denied_since(5.0) == ["evil.test:80: not allowed"]
+
+
+def test_a_listening_policy_gets_one_capability_and_its_resolv_conf_last():
+    from toolsd.sandbox.policy import Policy, bwrap_argv
+    policy = Policy(workspace="/w", scratch="/s", network="none", hidden_dirs=("/h",),
+                    resolv_conf="/state/resolv.conf", listens=True)
+    argv = bwrap_argv(policy)
+    assert argv[argv.index("--cap-drop") + 1:argv.index("--cap-drop") + 4] == [
+        "ALL", "--cap-add", "CAP_NET_BIND_SERVICE"]
+    binds = [i for i, a in enumerate(argv) if a in ("--ro-bind", "--bind", "--tmpfs")]
+    assert argv[binds[-1]:binds[-1] + 3] == ["--ro-bind", "/state/resolv.conf",
+                                             "/etc/resolv.conf"]
+    with pytest.raises(ValueError, match="network must be none"):
+        Policy(workspace="/w", scratch="/s", network="host", listens=True)

@@ -145,7 +145,9 @@ async def process_output(sup: Supervisor, p: ProcessOutputParams,
                          answer: Answer) -> ProcessOutputResult:
     proc = sup.process(p.id)
     with proc.session.call():
-        return await proc.session.reported(await processes.output(proc, p, answer))
+        result = await processes.output(proc, p, answer)
+        proc.session.net.report_output(result, proc, moves_mark=p.since is None)  # egress
+        return await proc.session.reported(result)
 
 
 async def process_stop(sup: Supervisor, p: ProcessStopParams) -> ProcessStopResult:

@@ -85,23 +85,28 @@ class SessionNetwork:
                      for name, kind, port in proxy_env.LISTENERS}
             await nursery.start(self.proxy.serve, named)
 
-    def report(self, result, processes: dict):
-        """`result` with network_denied: the refusals during its call (a shell.run or
-        repl.exec, by its duration), or, for process.output, since the last read of that
-        process's output."""
-        if self.proxy is None or not hasattr(result, "network_denied"):
-            return result
+    def report(self, result):
+        """`result` with network_denied, if it is a shell.run or repl.exec result: the
+        refusals during its call (by its duration)."""
+        if self.proxy is not None and hasattr(result, "network_denied") and hasattr(
+                result, "duration_s"):
+            since = time.time() - result.duration_s - SLACK_S
+            result.network_denied = self.log.denied_since(since) or UNSET
+        return result
+
+    def report_output(self, result, proc, *, moves_mark: bool) -> None:
+        """A process.output `result` of `proc` with network_denied: the session's refusals
+        since the previous read of the process's output that moved its shared mark (as
+        `since: null` does), or since it started."""
+        if self.proxy is None:
+            return
         now = time.time()
-        if hasattr(result, "duration_s"):
-            since = now - result.duration_s - SLACK_S
-        else:
-            proc = processes.get(result.id)
-            since = self._looked.get(result.id, proc.started_at if proc else now)
-            self._looked[result.id] = now
+        since = self._looked.get(proc.id, proc.started_at)
+        if moves_mark:
+            self._looked[proc.id] = now
             if len(self._looked) > 10_000:
                 self._looked.clear()
         result.network_denied = self.log.denied_since(since) or UNSET
-        return result
 
     def listing(self, since: int) -> SessionNetworkResult:
         entries, next_, dropped = self.log.read(since)

@@ -299,7 +299,7 @@ class Session:
         """`result` with host_exec, looked at now that its call is over: every result of a
         call on a session carries it (left out while there is nothing)."""
         result.host_exec = await self.repositories.look() or UNSET
-        return self.net.report(result, self.processes)
+        return self.net.report(result)
 
     # ------------------------------------------------------------ memory
 
