@@ -548,3 +548,29 @@ def test_network_denied_on_repl_exec_and_process_output(world, session):
     assert out["network_denied"] == [
         f"other.test:{world.port}: other.test is not in the session's allow list"]
     assert "network_denied" not in world.client.process_output(bg)  # reported once
+
+
+def test_a_session_never_runs_under_a_spare_made_for_another_rule(world, daemon_root):
+    from test_warm_spare import sandboxes
+    d = RunningDaemon(daemon_root, extra_args=("--test-resolver", world.resolver),
+                      warm_spare=True).start()
+    try:
+        with d.client() as c:
+            rule = {"allow": ["allowed.test"], "ports": [world.port]}
+            first = c.session_open(d.workspace, network=rule)["session"]
+            wait_for(lambda: len(sandboxes(d)) == 2)  # the spare, made for that rule
+            other = c.session_open(d.workspace, network={
+                "allow": ["other.test"], "ports": [world.port]})["session"]
+            r = c.shell_run(other, curl(f"http://allowed.test:{world.port}/hello.txt"))
+            assert "hello from" not in r["output"] and r["network_denied"]
+            wait_for(lambda: len(sandboxes(d)) == 3)  # a spare for other.test's rule now
+            c.session_close(other)
+            wait_for(lambda: len(sandboxes(d)) == 2)
+            same = c.session_open(d.workspace, network=rule)["session"]
+            r = c.shell_run(same, curl(f"http://allowed.test:{world.port}/hello.txt") + "; "
+                            + curl(f"http://other.test:{world.port}/hello.txt"))
+            assert r["output"].count("hello from allowed.test") == 1, r["output"]
+            for s in (first, same):
+                c.session_close(s)
+    finally:
+        assert d.stop() == 0, d.read_log()
