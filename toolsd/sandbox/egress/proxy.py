@@ -208,10 +208,12 @@ class EgressProxy:
         for (on a TLS port, or wherever one comes), or a plain HTTP request whose Host
         header names it."""
         async def check(data: bytes) -> bytes | None:
+            # Whatever comes short of being checked (a pause before the rest of a
+            # ClientHello included) ends the tunnel: nothing unchecked gets through.
             try:
                 data = await self._read(client, data, lambda b: len(b) >= 3)
             except _Closed:
-                return data or None
+                return None
             why = None
             if sni.looks_like_tls(data):
                 hello = None
