@@ -248,3 +248,39 @@ def test_a_listening_policy_gets_one_capability_and_its_resolv_conf_last():
                                              "/etc/resolv.conf"]
     with pytest.raises(ValueError, match="network must be none"):
         Policy(workspace="/w", scratch="/s", network="host", listens=True)
+
+
+# ---------------------------------------------------------------- the order of checks
+
+
+class FakeResolver:
+    def __init__(self, names, exempt=()):
+        self.names = {n: [ipaddress.ip_address(a) for a in addrs] for n, addrs in names.items()}
+        self.exempt = frozenset(ipaddress.ip_address(a) for a in exempt)
+        self.asked = []
+
+    async def resolve(self, name, family=0):
+        self.asked.append(name)
+        return self.names[name]
+
+
+async def test_the_gate_checks_names_before_resolving_and_addresses_after():
+    from toolsd.sandbox.egress.gate import Gate, Refused
+    resolver = FakeResolver({"ok.test": ["203.0.113.5"], "rebind.test": ["203.0.113.5",
+                                                                         "10.0.0.1"],
+                             "here.test": ["127.0.0.2"]}, exempt=["127.0.0.2"])
+    gate = Gate(parse_rule(["ok.test", "rebind.test", "here.test", "192.0.2.0/24"]), resolver)
+    target = await gate.target("OK.test.", 443, tunnel=True)
+    assert (target.label, target.addrs) == ("ok.test", (ipaddress.ip_address("203.0.113.5"),))
+    assert (await gate.target("here.test", 80, tunnel=False)).addrs[0].is_loopback
+    for host, port, why in [("evil.test", 443, "not in the session's allow list"),
+                            ("ok.test", 22, "port 22"),
+                            ("rebind.test", 443, "resolves to 10.0.0.1, a private address"),
+                            ("127.0.0.2", 80, "allowed only by a CIDR entry"),
+                            ("0xc0.0.2.1", 22, "port 22")]:
+        with pytest.raises(Refused, match=why):
+            await gate.target(host, port, tunnel=True)
+    assert "evil.test" not in resolver.asked
+    assert str((await gate.target("3221225985", 80, tunnel=False)).addrs[0]) == "192.0.2.1"
+    await gate.target("ok.test", 443, tunnel=True)
+    assert resolver.asked.count("ok.test") == 1  # a short cache: the same checked answer

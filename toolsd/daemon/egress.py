@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import resource
 import time
 
 import trio
@@ -23,7 +24,7 @@ from toolsd.sandbox.egress import proxy_env
 from toolsd.sandbox.egress.connlog import ConnectionLog
 from toolsd.sandbox.egress.dial import Upstreams
 from toolsd.sandbox.egress.gate import Gate
-from toolsd.sandbox.egress.proxy import EgressProxy
+from toolsd.sandbox.egress.proxy import Budget, EgressProxy
 from toolsd.sandbox.egress.resolver import HostResolver, TestResolver
 from toolsd.sandbox.egress.rules import OFF, BadRule, Rule, parse_rule
 from toolsd.wire.egress import NetworkEntry, NetworkRule, SessionNetworkResult
@@ -51,6 +52,10 @@ class EgressHost:
         if self.upstreams.tunnel or self.upstreams.http:
             log.info("egress: allowed connections go through the upstream proxy %s",
                      self.upstreams.tunnel or self.upstreams.http)
+        # A quarter of the daemon's descriptors for all sessions' proxied connections (two
+        # each): the rest stays for clients, sandboxes and pipes.
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.budget = Budget(max(256, soft // 8))
         self.resolv_conf = os.path.join(state_dir, "resolv.conf")
         tmp = self.resolv_conf + ".tmp"
         with open(tmp, "w") as f:
@@ -140,5 +145,5 @@ def session_network(network: str | NetworkRule, host: EgressHost, sandboxed: boo
     if rule.off:
         env["PIP_RETRIES"] = "0"  # pip would retry for seconds a network that is off
     net = SessionNetwork(name, rule, "none", env, host.resolv_conf)
-    net.proxy = EgressProxy(gate, net.log)
+    net.proxy = EgressProxy(gate, net.log, budget=host.budget)
     return net

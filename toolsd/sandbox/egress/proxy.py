@@ -5,7 +5,8 @@ kill it), each connection decided by the Gate and recorded in the ConnectionLog.
 
 Resource handling: `serve()` runs in the session's nursery; it owns the listening sockets
 and every connection it accepted and closes them when cancelled. A session holds at most
-`Limits.connections` connections at once: past it, a new one is refused at once.
+`Limits.connections` connections at once, and all sessions together `Budget.limit`: past
+either, a new one is refused at once, so no session can take the daemon's descriptors.
 """
 
 from __future__ import annotations
@@ -40,15 +41,26 @@ class Limits:
     head_timeout_s: float = 30.0  # for the request line, the SOCKS handshake, the ClientHello
 
 
+class Budget:
+    """Proxied connections open at once in all the daemon's sessions, and how many may be:
+    each holds two of the daemon's descriptors (owned by the daemon's EgressHost)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+
+
 class _Closed(Exception):
     """The client went away, or sent too little in time: end quietly."""
 
 
 class EgressProxy:
-    def __init__(self, gate: Gate, log_: ConnectionLog, limits: Limits = Limits()):
+    def __init__(self, gate: Gate, log_: ConnectionLog, limits: Limits = Limits(),
+                 budget: Budget | None = None):
         self.gate = gate
         self.log = log_
         self.limits = limits
+        self.budget = budget or Budget(limits.connections)
         self.active = 0
         self.refused_busy = 0  # connections refused at the limit (logged once a second)
         self._busy_logged = -1.0
@@ -88,14 +100,18 @@ class EgressProxy:
                     await trio.sleep(0.1)
                     continue
                 if self.active >= self.limits.connections:
-                    self._refuse_busy(conn, port)
+                    self._refuse_busy(conn, port, f"the session has {self.limits.connections} "
+                                      f"connections open, its limit; close some first")
+                    continue
+                if self.budget.used >= self.budget.limit:
+                    self._refuse_busy(conn, port, f"the daemon has {self.budget.limit} proxied "
+                                      f"connections open, its limit for all sessions")
                     continue
                 self.active += 1
+                self.budget.used += 1
                 nursery.start_soon(self._one, handler, trio.SocketStream(conn))
 
-    def _refuse_busy(self, conn, port: int) -> None:
-        why = (f"the session has {self.limits.connections} connections open, its limit; "
-               f"close some first")
+    def _refuse_busy(self, conn, port: int, why: str) -> None:
         reply = {HTTP_PORT: http_head.response(503, why),
                  SOCKS_PORT: socks.choice(socks.NO_METHOD)}.get(port, b"")
         try:
@@ -119,6 +135,7 @@ class EgressProxy:
             log.exception("egress proxy: a connection failed")
         finally:
             self.active -= 1
+            self.budget.used -= 1
             await trio.aclose_forcefully(stream)
 
     async def _read(self, stream, buffer: bytes, enough) -> bytes:
