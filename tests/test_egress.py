@@ -7,6 +7,7 @@ No traffic leaves the machine, even with the filter broken."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -572,5 +573,48 @@ def test_a_session_never_runs_under_a_spare_made_for_another_rule(world, daemon_
             assert r["output"].count("hello from allowed.test") == 1, r["output"]
             for s in (first, same):
                 c.session_close(s)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+SILENT = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+if len(sys.argv) > 2:
+    s.sendall(b"CONNECT allowed.test:%s HTTP/1.1\\r\\n\\r\\n" % sys.argv[2].encode())
+    assert s.recv(100).startswith(b"HTTP/1.1 200")
+    s.sendall(b"\\x16\\x03")  # the start of a ClientHello, then a pause
+data = b""
+while chunk := s.recv(4096):
+    data += chunk
+print("closed", data[:12])
+"""
+
+
+def test_clients_that_send_too_little_are_closed_and_nothing_unchecked_passes(world,
+                                                                               daemon_root):
+    if not world.tls_port:
+        pytest.skip("openssl is not installed to make the test server's certificate")
+    with open(world.resolver) as f:
+        spec = json.load(f)
+    spec["head_timeout_s"] = 1  # so that the test need not wait 30 s per case
+    resolver = os.path.join(daemon_root, "resolver.json")
+    with open(resolver, "w") as f:
+        json.dump(spec, f)
+    d = RunningDaemon(os.path.join(daemon_root, "d"),
+                      extra_args=("--test-resolver", resolver)).start()
+    try:
+        with d.client() as c:
+            workspace = tempfile.mkdtemp(dir=world.root)
+            with open(os.path.join(workspace, "silent.py"), "w") as f:
+                f.write(SILENT)
+            s = c.session_open(workspace, network={"allow": ["allowed.test"],
+                                                   "ports": [world.tls_port]})["session"]
+            before = len(world.tls.requests)
+            r = c.shell_run(s, "python3 silent.py 3128; python3 silent.py 1080; "
+                            f"python3 silent.py 3128 {world.tls_port}")
+            assert r["output"].split("\n")[:3] == ["closed b''"] * 3, r["output"]
+            assert len(world.tls.requests) == before
+            c.session_close(s)
     finally:
         assert d.stop() == 0, d.read_log()

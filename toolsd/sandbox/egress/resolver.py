@@ -72,8 +72,9 @@ class HostResolver:
 
 class TestResolver:
     """From a JSON file {"names": {name: [address, ...]}, "exempt": [address, ...],
-    "log": path}: each query's name is appended to `log`, one a line, so that a test can
-    tell that a refused name was never asked about."""
+    "log": path, "head_timeout_s": seconds}: each query's name is appended to `log`, one a
+    line, so that a test can tell that a refused name was never asked about;
+    `head_timeout_s` shortens the proxies' wait for a client's first bytes."""
 
     def __init__(self, path: str):
         with open(path) as f:
@@ -82,6 +83,7 @@ class TestResolver:
                       for name, addrs in spec.get("names", {}).items()}
         self.exempt = frozenset(ipaddress.ip_address(a) for a in spec.get("exempt", ()))
         self.log = spec.get("log")
+        self.head_timeout_s = spec.get("head_timeout_s")
 
     def for_session(self) -> TestResolver:
         return self
