@@ -618,3 +618,28 @@ def test_clients_that_send_too_little_are_closed_and_nothing_unchecked_passes(wo
             c.session_close(s)
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_toolsd_agent_allow_tells_the_model_what_was_refused(world):
+    from model_server import Call, ModelServer, openai_stream
+    workspace = tempfile.mkdtemp(dir=world.root)
+    command = (curl(f"http://allowed.test:{world.port}/hello.txt") + "; "
+               + curl(f"http://evil.test:{world.port}/"))
+    with ModelServer() as server:
+        server.push(openai_stream(text="", calls=[Call("run_terminal", {"command": command})]),
+                    openai_stream(text="done"))
+        done = subprocess.run(
+            [sys.executable, "-m", "toolsd", "agent", "--base-url", server.openai_url,
+             "--model", "scripted", "--workspace", workspace, "--socket", world.daemon.socket,
+             "--mode", "auto", "--json", "--allow", "allowed.test", "--allow-port",
+             str(world.port), "go"], capture_output=True, text=True, timeout=180,
+            env=world.daemon.env)
+        assert done.returncode == 0, done.stderr
+        requests = server.requests
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    [result] = [e["text"] for e in events if e["type"] == "tool_result"]
+    assert "hello from allowed.test" in result
+    assert (f"[network refused evil.test:{world.port}: evil.test is not in the session's "
+            f"allow list]") in result
+    system = requests[0].body["messages"][0]["content"]
+    assert "limited to allowed.test" in system
