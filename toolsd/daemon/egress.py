@@ -21,6 +21,7 @@ import time
 import trio
 
 from toolsd.sandbox.egress import proxy_env
+from toolsd.sandbox.errors import LauncherError
 from toolsd.sandbox.egress.connlog import ConnectionLog
 from toolsd.sandbox.egress.dial import Upstreams
 from toolsd.sandbox.egress.gate import Gate
@@ -86,8 +87,12 @@ class SessionNetwork:
     async def start(self, nursery: trio.Nursery, listeners: dict) -> None:
         """Serve the listeners the launcher made (a task of the session's `nursery`)."""
         if self.proxy is not None:
-            named = {name: listeners.pop(f"{kind}:{port}")
-                     for name, kind, port in proxy_env.LISTENERS}
+            try:
+                named = {name: listeners.pop(f"{kind}:{port}")
+                         for name, kind, port in proxy_env.LISTENERS}
+            except KeyError as e:
+                raise LauncherError(f"the sandbox launcher made no listener {e} for the "
+                                    f"session's egress proxy") from None
             await nursery.start(self.proxy.serve, named)
 
     def report(self, result):
