@@ -643,3 +643,11 @@ def test_toolsd_agent_allow_tells_the_model_what_was_refused(world):
             f"allow list]") in result
     system = requests[0].body["messages"][0]["content"]
     assert "limited to allowed.test" in system
+
+
+def test_toolsd_status_counts_a_sessions_refusals(world, session):
+    world.run(session, curl(f"http://evil.test:{world.port}/"))
+    shown = toolsd(world, "status")
+    assert shown.returncode == 0, shown.stderr
+    assert f"its network refused 1 connection(s) lately (toolsd net {session} lists them)" \
+        in shown.stdout
