@@ -13,7 +13,7 @@ import trio
 
 from toolsd.sandbox.egress.connlog import Entry
 
-CHUNK = 1 << 20
+CHUNK = 256 * 1024  # a pipe of this size per direction: what one connection holds
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 _SPLICE = getattr(os, "splice", None)
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
@@ -72,29 +72,54 @@ async def pump(src: trio.SocketStream, dst: trio.SocketStream, entry: Entry, cou
             fcntl.fcntl(w, F_SETPIPE_SZ, CHUNK)
         except OSError:
             pass  # the default pipe size, past the user's pipe-buffer quota
-        held = 0
-        moved = 0  # since the last yield
-        while True:
-            if held == 0:
+        # Two tasks around the pipe, so that reading goes on while the sink is full and
+        # writing while the source is empty: the pipe is the only buffer, in the kernel.
+        held = [0]  # bytes in the pipe
+
+        async def fill() -> None:
+            moved = 0
+            while True:
                 try:
                     got = _SPLICE(source, w, CHUNK, flags=_FLAGS)
                 except BlockingIOError:
-                    await trio.lowlevel.wait_readable(source)
+                    if held[0] >= CHUNK:
+                        await trio.lowlevel.wait_writable(w)
+                    else:
+                        await trio.lowlevel.wait_readable(source)
                     continue
                 if got == 0:
                     return
-                held = got
+                held[0] += got
+                moved += got
+                if moved >= YIELD_EVERY:  # a stream that never waits yields to others
+                    moved = 0
+                    await trio.lowlevel.checkpoint()
+
+        async def drain(ended: trio.Event) -> None:
+            while True:
+                if held[0] == 0:
+                    if ended.is_set():
+                        return
+                    await trio.lowlevel.wait_readable(r)
+                    continue
+                try:
+                    put = _SPLICE(r, sink, held[0], flags=_FLAGS)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(sink)
+                    continue
+                held[0] -= put
+                setattr(entry, count, getattr(entry, count) + put)
+
+        ended = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain, ended)
             try:
-                put = _SPLICE(r, sink, held, flags=_FLAGS)
-            except BlockingIOError:
-                await trio.lowlevel.wait_writable(sink)
-                continue
-            held -= put
-            setattr(entry, count, getattr(entry, count) + put)
-            moved += put
-            if moved >= YIELD_EVERY:  # a stream that never waits yields to others
-                moved = 0
-                await trio.lowlevel.checkpoint()
+                await fill()
+            finally:
+                ended.set()
+                os.close(w)  # the drain's wait on the pipe sees its end
+                w = -1
     finally:
         os.close(r)
-        os.close(w)
+        if w >= 0:
+            os.close(w)
