@@ -651,3 +651,12 @@ def test_toolsd_status_counts_a_sessions_refusals(world, session):
     assert shown.returncode == 0, shown.stderr
     assert f"its network refused 1 connection(s) lately (toolsd net {session} lists them)" \
         in shown.stdout
+
+
+def test_toolsd_mcp_and_agent_take_the_allow_options(world):
+    for command in ("mcp", "agent"):
+        shown = toolsd(world, command, "--help")
+        assert all(option in shown.stdout for option in
+                   ("--allow NAME", "--allow-preset PRESET", "--allow-port PORT")), shown.stdout
+    bad = toolsd(world, "mcp", "--allow-preset", "nope")
+    assert bad.returncode == 2 and "invalid choice: 'nope'" in bad.stderr
