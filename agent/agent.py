@@ -37,6 +37,13 @@ this turn); process_start / process_output / process_stop for servers and long j
 {instructions}
 {context}"""
 
+def network_words(network) -> str:
+    if isinstance(network, dict):  # protocol 1.2 "egress"
+        return ("limited to " + ", ".join(network.get("allow", [])) + " (other hosts are "
+                "refused; a refusal is named in the tool result)")
+    return "on" if network == "host" else "off"
+
+
 MODE_NOTES = {
     Mode.PLAN: "\n- Plan mode: the workspace is read-only. Investigate and propose changes; "
                "do not write files.",
@@ -110,7 +117,7 @@ class Agent:
                     await client.aclose()
             raise
         system = SYSTEM.format(workspace=backend.workspace, mode=MODE_NOTES[gate.mode],
-                               network="on" if config.network == "host" else "off",
+                               network=network_words(config.network),
                                instructions=config.instructions, context=context)
         return cls(model=model, backend=backend, conversation=conversation, gate=gate,
                    config=config, system=system, client=client, own_client=own_client)

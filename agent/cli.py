@@ -106,6 +106,9 @@ def add_parser(sub, common) -> None:
                        help="list this workspace's conversations and exit")
     p.add_argument("--json", action="store_true",
                    help="print the turn's events as JSON lines instead of text")
+    from toolsd.wire import egress  # loaded with the client already
+
+    egress.add_allow_options(p)  # the session's network: off unless --allow
     p.set_defaults(func=cmd_agent)
 
 
@@ -243,6 +246,7 @@ class Run:
         from agent.terminal import Terminal
         from agent.turn import AgentConfig
         from toolsd.client import ToolsdError
+        from toolsd.wire.egress import network_of
 
         args = self.args
         code = EXIT_CODES["interrupted"]
@@ -259,7 +263,10 @@ class Run:
                                 self.workspace, self.model, mode=args.mode,
                                 approve=term.approve if args.mode == "ask" else None,
                                 config=AgentConfig(max_steps=args.max_steps,
-                                                   wall_s=args.wall_time),
+                                                   wall_s=args.wall_time,
+                                                   network=network_of(
+                                                       args.allow, args.allow_preset,
+                                                       args.allow_port)),
                                 socket=self.socket, resume=args.resume)
                         except (ToolsdError, ConversationError, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")

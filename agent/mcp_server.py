@@ -91,6 +91,9 @@ def add_parser(sub, common) -> None:
     p.add_argument("--mode", choices=["plan", "auto"], default="auto",
                    help="plan: the workspace is read-only; auto: tools run as asked "
                         "(default: auto; the client approves calls itself)")
+    from toolsd.wire import egress  # loaded with the client already
+
+    egress.add_allow_options(p)  # the session's network: off unless --allow
     p.set_defaults(func=cmd_mcp)
 
 
@@ -106,6 +109,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     from agent.gates import Mode
     from agent.own_daemon import DaemonFailed, daemon_target, toolsd_socket
+    from toolsd.wire.egress import network_of
 
     try:
         target = daemon_target(args)
@@ -120,7 +124,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     try:
         with toolsd_socket(target, say=log.info,
                            stderr=sys.stderr) as socket_path:
-            return trio.run(serve, workspace, Mode(args.mode), socket_path)
+            return trio.run(serve, workspace, Mode(args.mode), socket_path,
+                            network_of(args.allow, args.allow_preset, args.allow_port))
     except DaemonFailed as e:
         log.error("could not start a toolsd daemon: %s", e)
         return 1
@@ -134,7 +139,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         return 0
 
 
-async def serve(workspace: str, mode, socket_path: str) -> int:
+async def serve(workspace: str, mode, socket_path: str, network: str | dict = "none") -> int:
     """Open the session, serve MCP on stdio until the client goes or a signal comes, then
     close the session (every process and REPL of it). Returns the exit status."""
     import trio
@@ -152,7 +157,8 @@ async def serve(workspace: str, mode, socket_path: str) -> int:
         return 1
     try:
         try:
-            backend = await Backend.open(client, workspace, writable=mode is not Mode.PLAN)
+            backend = await Backend.open(client, workspace, writable=mode is not Mode.PLAN,
+                                         network=network)
         except ToolsdError as e:
             log.error("cannot open a session on %s: %s", workspace, e.message)
             return 1

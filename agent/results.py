@@ -94,6 +94,7 @@ def shell_text(r: dict, timeout_s: float, moved_to: str | None) -> str:
         notes.append(cut)
     if moved_to:
         notes.append(f"now in {moved_to}")
+    notes.extend(network_notes(r))
     return compose(r["output"], notes)
 
 
@@ -114,6 +115,7 @@ def repl_text(r: dict, first_in_turn: bool, figures: list[tuple[str, int, int]] 
         notes.append(f"{len(figures)} figure{'s' if len(figures) > 1 else ''} attached below: "
                      f"{shown}")
     notes.extend(unread)
+    notes.extend(network_notes(r))
     return compose(r["output"], notes)
 
 
@@ -123,7 +125,18 @@ def process_text(r: dict) -> str:
         notes.append(f"{r['dropped_bytes']} older bytes were no longer kept")
     waiting = ", waiting for input (process_write)" if r.get("waiting_for_input") else ""
     notes.append(f"{r['id']} {status_words(r)}{waiting}")
+    notes.extend(network_notes(r))
     return compose(r["output"] or "(no new output)", notes)
+
+
+def network_notes(r: dict) -> list[str]:
+    """The connections the session's network refused during the call (protocol 1.2
+    `network_denied`), so that a failed download says why: a few lines, each short."""
+    denied = r.get("network_denied") or []
+    notes = [f"network refused {one_line(line, REASON_CHARS)}" for line in denied[:3]]
+    if len(denied) > 3:
+        notes.append(f"and {len(denied) - 3} more connections refused")
+    return notes
 
 
 def status_words(r: dict) -> str:

@@ -75,7 +75,7 @@ class AgentConfig(msgspec.Struct, frozen=True):
     # The route's context window in tokens; None: what the model adapter says (or guesses).
     context_tokens: int | None = None
     repl_timeout_s: float = 120.0
-    network: str = "none"
+    network: str | dict = "none"  # or protocol 1.2's {allow: [...]} (toolsd agent --allow)
     env: dict[str, str] = {}
     instructions: str = ""  # added to the system prompt
 

@@ -1218,10 +1218,39 @@ class Launcher:
                 print("launcher: ignoring unknown message %r" % (op,), file=sys.stderr)
 
 
+def listen_inside(host, spec):
+    """The egress proxy's listeners (`listen=tcp:3128,udp:53,...`, all on 127.0.0.1), made
+    here in the session's network namespace and handed to the daemon, which serves them:
+    nothing of the proxy is left inside for the session's code to kill. Then the one
+    capability the sandbox was given for it (binding port 53) is dropped."""
+    made = []
+    try:
+        for item in spec.split(","):
+            kind, port = item.split(":")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM if kind == "tcp"
+                                 else socket.SOCK_DGRAM)
+            made.append(sock)
+            sock.bind(("127.0.0.1", int(port)))
+            if kind == "tcp":
+                sock.listen(4096)
+        send(host, {"op": "listening", "names": spec.split(",")}, [s.fileno() for s in made])
+    except OSError as e:
+        send(host, {"op": "listening", "error": "%s: %s" % (spec, e)})
+    finally:
+        for sock in made:
+            sock.close()
+    # capset(2): no capability left, in any set; then none in the ambient set.
+    header = (0x20080522).to_bytes(4, sys.byteorder) + bytes(4)
+    libc_function("capset")(header, bytes(24))
+    _prctl(47, Long(4), Long(0), Long(0), Long(0))  # PR_CAP_AMBIENT_CLEAR_ALL
+
+
 def main():
+    listen = sys.argv.pop() if len(sys.argv) == 4 and sys.argv[3].startswith("listen=") else None
     if len(sys.argv) != 3 or not all(arg.isdigit() for arg in sys.argv[1:]):
-        print("usage: launcher.py FD SPAWN_FD (ends of two SOCK_SEQPACKET socketpairs: the "
-              "control channel and the spawn channel)", file=sys.stderr)
+        print("usage: launcher.py FD SPAWN_FD [listen=tcp:PORT,udp:PORT,...] (ends of two "
+              "SOCK_SEQPACKET socketpairs: the control channel and the spawn channel)",
+              file=sys.stderr)
         return 2
     # Our stdin may be the code we run (see BOOTSTRAP in toolsd/sandbox/bootstrap.py): shims and their
     # commands get nothing of it.
@@ -1246,6 +1275,8 @@ def main():
         _signal.signal(sig, _signal.SIG_IGN)
     set_name(LAUNCHER_NAME)
     set_command_line_name(LAUNCHER_NAME)
+    if listen is not None:
+        listen_inside(host, listen[len("listen="):])
     try:
         Launcher(host, spawn).serve()
     except Tampered as e:

@@ -343,6 +343,7 @@ SECTIONS = {
     "big-workspace": section("bench_home", "bench_big_workspace"),
     "ports": section("bench_ports", "bench_ports"),
     "remote": section("bench_remote", "bench_remote"),
+    "egress": section("bench_egress", "bench_egress"),
 }
 
 

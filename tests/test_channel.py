@@ -79,7 +79,8 @@ def test_every_op_the_launcher_sends_has_a_struct():
     # A new message in the driver without its Struct here would be dropped as unreadable.
     source = open(LAUNCHER_PY).read() + open(PORT_CONNECT).read()
     ops = set(re.findall(r'"op": "(\w+)"', source)) - {"spawn", "ping", "connect"}  # to it
-    assert ops == {"ready", "pong", "started", "error", "exited", "done", "connected"}
+    assert ops == {"ready", "listening", "pong", "started", "error", "exited", "done",
+                   "connected"}
     for op in ops:
         assert decode(sent({"op": op, "job": 1, "n": 1})) is not UNREADABLE, op
 

@@ -15,6 +15,7 @@ from toolsd.cli import (
     image,
     kill,
     logs,
+    net,
     open_session,
     ps,
     repl,
@@ -31,7 +32,7 @@ from toolsd.client import ToolsdError
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
 COMMANDS = (serve, status, doctor, open_session, exec_, start, close_session, image, ps, logs,
-            attach, kill, repl, forward, agent_cli, mcp_server, token)
+            attach, kill, repl, forward, net, agent_cli, mcp_server, token)
 
 
 def main(argv: list[str] | None = None) -> int:

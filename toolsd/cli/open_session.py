@@ -11,6 +11,7 @@ import os
 import sys
 
 from toolsd.cli.common import CommandFailed, connect, require_daemon
+from toolsd.wire.egress import add_allow_options, network_of
 
 
 def add_parser(sub, common) -> None:
@@ -31,6 +32,7 @@ def add_session_options(p) -> None:
                    help="none: loopback only; host: the host's network (default: none)")
     p.add_argument("--read-only", action="store_true",
                    help="mount the workspace read-only: every write to it fails")
+    add_allow_options(p)
 
 
 def open_options(args, command: str) -> dict:
@@ -38,15 +40,22 @@ def open_options(args, command: str) -> dict:
     workspace = os.path.abspath(args.workspace or os.getcwd())
     if not os.path.isdir(workspace):
         raise CommandFailed(command, f"--workspace {workspace}: no such folder", 2)
-    return {"workspace": workspace, "network": args.network or "none",
-            "writable": not args.read_only}
+    network = network_of(args.allow, args.allow_preset, args.allow_port)
+    if network != "none" and args.network == "host":
+        raise CommandFailed(command, "--allow and --allow-preset filter the network; leave "
+                                     "out --network host", 2)
+    if network == "none":
+        network = args.network or "none"
+    return {"workspace": workspace, "network": network, "writable": not args.read_only}
 
 
 def refuse_with_session(args, command: str) -> None:
     """A session given with --session has its workspace and network already."""
     given = [name for name, value in (("--workspace", args.workspace),
                                       ("--network", args.network),
-                                      ("--read-only", args.read_only)) if value]
+                                      ("--read-only", args.read_only),
+                                      ("--allow", args.allow),
+                                      ("--allow-preset", args.allow_preset)) if value]
     if given:
         raise CommandFailed(command, f"{', '.join(given)}: session {args.session} was opened "
                                      f"with its own; leave {'it' if len(given) == 1 else 'them'} "

@@ -49,6 +49,8 @@ def add_parser(sub, common) -> None:
     p.add_argument("--work-root", metavar="DIR",
                    help="where sessions opened without a workspace get theirs (default: "
                         "workspaces/ in the state folder)")
+    # Tests only (never a default): names resolve from this JSON file (sandbox/egress/resolver.py).
+    p.add_argument("--test-resolver", metavar="FILE", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log every request and sandbox step on stderr")
     p.set_defaults(func=cmd_serve)
@@ -100,6 +102,7 @@ def cmd_serve(args) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tokens_file=os.path.abspath(args.tokens) if args.tokens else None,
+        test_resolver=args.test_resolver,
     )
     try:
         daemon.run(config)

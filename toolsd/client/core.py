@@ -188,6 +188,9 @@ class Methods:
     def session_list(self):
         return self.call("session.list")
 
+    def session_network(self, session: str, since: int = 0):  # 1.2 "egress"
+        return self.call("session.network", session=session, since=since)
+
     def turn_begin(self, session: str):
         return self.call("turn.begin", session=session)
 

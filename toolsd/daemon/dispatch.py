@@ -26,6 +26,7 @@ import trio
 from toolsd.daemon.tenants import LOCAL, Scope, check, visible
 from toolsd.tools import images, processes, repl, shell
 from toolsd.tools.calls import Answer, Detached
+from toolsd.wire.egress import SessionNetworkParams, SessionNetworkResult
 from toolsd.wire.ports import (
     PortCloseParams,
     PortCloseResult,
@@ -146,6 +147,10 @@ async def session_list(sup: Supervisor, p: SessionListParams,
                                        if visible(tenant, s.tenant)])
 
 
+async def session_network(sup: Supervisor, p: SessionNetworkParams) -> SessionNetworkResult:
+    return sup.session(p.session).net.listing(p.since)  # daemon/egress.py
+
+
 async def turn_begin(sup: Supervisor, p: SessionParams) -> TurnBeginResult:
     with sup.session(p.session).call() as session:
         return await session.reported(TurnBeginResult(turn=session.begin_turn()))
@@ -176,7 +181,9 @@ async def process_output(sup: Supervisor, p: ProcessOutputParams,
                          answer: Answer) -> ProcessOutputResult:
     proc = sup.process(p.id, p.session)
     with proc.session.call():
-        return await proc.session.reported(await processes.output(proc, p, answer))
+        result = await processes.output(proc, p, answer)
+        proc.session.net.report_output(result, proc, moves_mark=p.since is None)  # egress
+        return await proc.session.reported(result)
 
 
 async def process_stop(sup: Supervisor, p: ProcessStopParams) -> ProcessStopResult:
@@ -249,6 +256,7 @@ METHODS: Final[dict[str, Method]] = {
     "session.open": Method(SessionOpenParams, session_open, takes_tenant=True),
     "session.close": Method(SessionParams, session_close, scope=SESSION),
     "session.list": Method(SessionListParams, session_list, takes_tenant=True),
+    "session.network": Method(SessionNetworkParams, session_network, scope=SESSION),
     "turn.begin": Method(SessionParams, turn_begin, scope=SESSION),
     "turn.end": Method(TurnEndParams, turn_end, scope=SESSION),
     "shell.run": Method(ShellRunParams, shell_run, takes_answer=True, scope=SESSION),

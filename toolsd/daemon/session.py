@@ -20,6 +20,7 @@ import trio
 
 from toolsd.daemon import workspaces
 from toolsd.daemon.activity import Activity
+from toolsd.daemon.egress import session_network
 from toolsd.daemon.session_memory import MemoryNotes
 from toolsd.daemon.turn import Turn
 from toolsd.sandbox import cgroups, home
@@ -64,7 +65,8 @@ class Session(MemoryNotes):
         # The daemon made it (daemon/workspaces.py): run() removes it at close.
         self.made_workspace = made_workspace
         self.tenant = "local"  # who opened it (daemon/tenants.py); the supervisor sets it
-        self.network = params.network
+        self.net = session_network(params.network, supervisor.egress, supervisor.bwrap is not None)
+        self.network = self.net.name
         self.writable = params.writable
         try:
             self.user_env = validate_env(params.env)
@@ -115,7 +117,7 @@ class Session(MemoryNotes):
             home=home_path,
             path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             lang=os.environ.get("LANG", "C.UTF-8"),
-            extra=self.user_env,
+            extra={**self.net.env, **self.user_env},
             own_home=self.home_is_own, no_network=self.network == "none",
         )
         try:
@@ -127,7 +129,8 @@ class Session(MemoryNotes):
             # start, so that it is not made twice.
             self.policy = session_policy(
                 workspace=self.workspace, scratch=self.scratch, writable=self.writable,
-                network=self.network, view=view, env=self.env, home_dir=self.home_dir)
+                network=self.net.policy_network, view=view, env=self.env,
+                home_dir=self.home_dir, **self.net.policy_fields())
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
         self.guard = MountGuard(self.policy)
@@ -202,7 +205,8 @@ class Session(MemoryNotes):
                 try:
                     self.launcher = await Launcher.start(
                         nursery, wrapper=self.wrapper(), env=self.env, cwd=self.workspace,
-                        python=sys.executable)
+                        python=sys.executable, listen=self.net.listen)
+                    await self.net.start(nursery, self.launcher.listeners)
                 except LauncherError as e:
                     self.closed = True
                     task_status.started(ToolsdError(
@@ -310,7 +314,7 @@ class Session(MemoryNotes):
         """`result` with host_exec, looked at now that its call is over: every result of a
         call on a session carries it (left out while there is nothing)."""
         result.host_exec = await self.repositories.look() or UNSET
-        return result
+        return self.net.report(result)
 
     # ------------------------------------------------------------ turns
 

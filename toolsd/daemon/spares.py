@@ -133,7 +133,8 @@ def spare_key(session: Session) -> tuple:
     policy = tuple((f.name, comparable(f.name, getattr(session.policy, f.name)))
                    for f in dataclasses.fields(session.policy)
                    if f.name not in ("scratch", "home"))
-    return policy, session.limits, tuple(sorted(session.rlimits.items())), session.sandbox_kind
+    return (policy, session.limits, tuple(sorted(session.rlimits.items())), session.sandbox_kind,
+            session.net.rule)
 
 
 def fingerprint(session: Session) -> tuple:

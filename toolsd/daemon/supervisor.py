@@ -20,6 +20,7 @@ import trio
 
 from toolsd import __version__
 from toolsd.daemon import workspaces
+from toolsd.daemon.egress import EgressHost
 from toolsd.daemon.session import Session
 from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state import StateDir
@@ -64,6 +65,7 @@ class Config:
     tls_cert: str | None = None
     tls_key: str | None = None
     tokens_file: str | None = None
+    test_resolver: str | None = None  # tests only: names resolved from this file (egress)
 
 
 # Why recently ended sessions ended, kept for calls that still name them: at most this many.
@@ -78,6 +80,7 @@ class Supervisor:
         self.config = config
         self.nursery = nursery
         self.state = StateDir(config.state_dir)
+        self.egress = EgressHost(self.state.path, config.test_resolver)
         self.bwrap = bwrap
         self.why_no_sandbox = why_not
         self.sessions: dict[str, Session] = {}

@@ -45,6 +45,13 @@ class Ready(_Msg, tag="ready"):
     node: str | None = None
 
 
+class Listening(_Msg, tag="listening"):
+    """Before `ready`, when asked: the egress proxy's listeners in the sandbox's network
+    namespace (fds: one per name, e.g. "tcp:3128"), or why they could not be made."""
+    names: list[str] = []
+    error: str = ""
+
+
 class Pong(_Msg, tag="pong"):
     n: int | None = None
 
@@ -85,7 +92,7 @@ class Connected(_Msg, tag="connected"):
     errno: int = 0
 
 
-FromLauncher = Ready | Pong | Started | Failed | Exited | Done | Connected
+FromLauncher = Ready | Listening | Pong | Started | Failed | Exited | Done | Connected
 # A datagram that is no message of ours (truncated, not JSON, an unknown op, a field of the
 # wrong type): dropped, as the launcher never sends one.
 UNREADABLE: Final = object()

@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -21,8 +22,8 @@ from driver import LAUNCHER_PY
 from toolsd.runtime import threads
 from toolsd.sandbox import proctree
 from toolsd.sandbox.channel import (Channel, Connected, Done, Exited, Failed, FromLauncher,
-                                    Pong, Ready, Started, close_all, connect_message,
-                                    ping_message, spawn_message)
+                                    Listening, Pong, Ready, Started, close_all,
+                                    connect_message, ping_message, spawn_message)
 from toolsd.sandbox.connects import Connects
 from toolsd.sandbox.errors import LauncherDied, LauncherError, LauncherLimit
 from toolsd.sandbox.job import Job, JobState
@@ -60,6 +61,9 @@ class Launcher:
         self._channel = channel
         self._tasks: trio.Nursery | None = None  # our reader's, for kills of abandoned jobs
         self.ready = Ready()  # what the launcher said when it started
+        # With `listen`: the sockets it made in the sandbox's network namespace, by their
+        # "kind:port" names; whoever takes them closes them.
+        self.listeners: dict[str, socket.socket] = {}
         self.alive = True
         self._death: str | None = None
         self._jobs: dict[int, Job] = {}
@@ -76,13 +80,13 @@ class Launcher:
     @classmethod
     async def start(cls, nursery: trio.Nursery, *, wrapper: list[str], env: dict[str, str],
                     python: str = sys.executable, cwd: str = "/",
-                    launcher_py: str = LAUNCHER_PY) -> Launcher:
+                    launcher_py: str = LAUNCHER_PY, listen: str | None = None) -> Launcher:
         """Start `wrapper + [python, -I, -S, launcher_py, FD, SPAWN_FD]` (see BOOTSTRAP for how,
         when `python` is ours) and wait until the
         launcher says it is ready. Raises LauncherError with the wrapper's own error text if it
         never does. `launcher_py` is for tests that wrap the launcher to inject faults."""
         wrapped, ours, spawn_ours = Wrapper.start(wrapper, env=env, python=python, cwd=cwd,
-                                                  launcher_py=launcher_py)
+                                                  launcher_py=launcher_py, listen=listen)
         self = cls(wrapped, Channel(ours, spawn_ours))
         try:
             with trio.fail_after(READY_TIMEOUT_S):
@@ -97,12 +101,17 @@ class Launcher:
             with trio.CancelScope(shield=True):
                 await self._wrapper.force_end()
                 self._release()
+            for sock in self.listeners.values():
+                sock.close()
             raise
         nursery.start_soon(self._run)
         return self
 
     async def _receive_ready(self) -> None:
         msg, fds = await self._channel.recv()
+        if isinstance(msg, Listening):  # asked for with `listen`, it comes first
+            self._take_listeners(msg, fds)
+            msg, fds = await self._channel.recv()
         try:
             if not isinstance(msg, Ready) or not fds:
                 await self._wrapper.wait_exits(CLEAN_EXIT_S)
@@ -114,6 +123,14 @@ class Launcher:
                                     + self._wrapper.stderr_text())
         finally:
             close_all(fds)
+
+    def _take_listeners(self, msg: Listening, fds: list[int]) -> None:
+        if msg.error or len(fds) != len(msg.names):
+            close_all(fds)
+            raise LauncherError(f"the sandbox could not listen for its egress proxy: "
+                                f"{msg.error or 'sockets missing'}")
+        for name, fd in zip(msg.names, fds):
+            self.listeners[name] = socket.socket(fileno=fd)
 
     @property
     def host_pid(self) -> int:

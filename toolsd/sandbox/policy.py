@@ -119,10 +119,18 @@ class Policy:
     proc_read_only: tuple[str, ...] = ("/proc/sys",)  # see PROC_READ_ONLY
     folders: tuple[Folder, ...] = ()  # shown entry by entry (the homes)
     home: str = ""  # host folder (per session) bound at the writable Folder's path
+    # Egress (sandbox/egress/): a host file bound read-only over /etc/resolv.conf, last of
+    # all mounts, and the one capability the launcher needs to listen on port 53 (it drops
+    # it once it has; see driver/launcher.py, listen_inside).
+    resolv_conf: str = ""
+    listens: bool = False
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
+        if self.listens and self.network != "none":
+            raise ValueError("the egress proxy listens in a network namespace of its own: "
+                             "network must be none")
         if not isinstance(self.writable, bool):
             raise ValueError(f"writable must be true or false, got {self.writable!r}")
         check_env_size(validate_env(self.env))
@@ -166,6 +174,8 @@ def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
         args += ["--tmpfs", path]
     for path in plan.hidden_files:
         args += ["--ro-bind", "/dev/null", path]
+    if policy.resolv_conf:
+        args += ["--ro-bind", policy.resolv_conf, "/etc/resolv.conf"]
     args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
              "--unshare-cgroup-try"]
     if policy.network == "none":
@@ -174,7 +184,7 @@ def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
     # every signal from inside that it does not handle (bwrap's own init would be a pid 1 of
     # no use, with the launcher a killable pid 2). Its end ends every process in there.
     args += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-             "--clearenv"]
+             *(["--cap-add", "CAP_NET_BIND_SERVICE"] if policy.listens else []), "--clearenv"]
     for key, value in policy.env.items():
         args += ["--setenv", key, value]
     args += ["--chdir", ws, "--"]

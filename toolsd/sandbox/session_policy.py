@@ -80,7 +80,8 @@ def plan_view(*, home_path: str, workspace: str, hidden_paths, shown,
 
 
 def session_policy(*, workspace: str, scratch: str, writable: bool, network: str,
-                   view: home.View, env: dict[str, str], home_dir: str) -> Policy:
+                   view: home.View, env: dict[str, str], home_dir: str,
+                   resolv_conf: str = "", listens: bool = False) -> Policy:
     """The Policy of a session on `workspace`: ValueError if the sandbox cannot mount it."""
     if writable:
         make_hooks_folder(workspace)
@@ -99,6 +100,8 @@ def session_policy(*, workspace: str, scratch: str, writable: bool, network: str
         proc_read_only=tuple(p for p in PROC_READ_ONLY if os.path.exists(p)),
         folders=view.folders,
         home=home_dir if view.home_is_own else "",
+        resolv_conf=resolv_conf,
+        listens=listens,
     )
 
 

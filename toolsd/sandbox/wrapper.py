@@ -121,7 +121,8 @@ class Wrapper:
 
     @classmethod
     def start(cls, wrapper: list[str], *, env: dict[str, str], python: str, cwd: str,
-              launcher_py: str) -> tuple[Wrapper, socket.socket, socket.socket]:
+              launcher_py: str, listen: str | None = None
+              ) -> tuple[Wrapper, socket.socket, socket.socket]:
         """Start `wrapper + [python, -I, -S, launcher_py, FD, SPAWN_FD]` (see BOOTSTRAP for
         how, when `python` is ours); (the Wrapper, our end of the channel, our end of the
         spawn channel). LauncherError if it cannot be started."""
@@ -135,7 +136,7 @@ class Wrapper:
             argv = [*wrapper, python, "-I", "-S", "-c", BOOTSTRAP, launcher_py]
         else:
             argv = [*wrapper, python, "-I", "-S", launcher_py]
-        argv += [str(theirs.fileno()), str(spawn_theirs.fileno())]
+        argv += [str(theirs.fileno()), str(spawn_theirs.fileno()), *([listen] if listen else [])]
         try:
             # Popen from the trio thread, not trio.lowlevel.open_process: bwrap's
             # --die-with-parent fires when the *thread* that forked it exits, and trio's

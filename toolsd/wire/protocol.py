@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from toolsd.wire.egress import NetworkDenied, NetworkRule
 from toolsd.wire.errors import (  # noqa: F401 (re-exported: the contract's codes)
     BAD_FRAME, FRAME_TOO_LARGE, UNKNOWN_METHOD, BAD_PARAMS, NOT_FOUND, SESSION_CLOSED,
     CANCELLED, SANDBOX_UNAVAILABLE, LIMIT_EXCEEDED, NOT_AN_IMAGE, IMAGE_TOO_LARGE, IO_ERROR,
@@ -24,7 +25,8 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "ports", "tcp", "tenants")
+FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "ports", "tcp", "tenants",
+            "egress")
 
 Seconds = Annotated[float, Meta(gt=0)]
 NonNegSeconds = Annotated[float, Meta(ge=0)]
@@ -92,7 +94,7 @@ class SessionLimits(Struct, frozen=True):
 
 class SessionOpenParams(Struct):
     workspace: str | None = None  # 1.2: None: a new folder of the daemon's, gone at close
-    network: Network = "none"
+    network: Network | NetworkRule = "none"  # 1.2 "egress": the map (wire/egress.py)
     writable: bool = True
     env: Env = {}
     limits: SessionLimits = SessionLimits()
@@ -177,6 +179,7 @@ class ShellRunResult(Struct, omit_defaults=True):
     output_file: str | None = None  # with `spill`, when the output was cut
     cwd_after: str | None = None  # with `report_cwd`, unless the shell was killed
     host_exec: HostExec = UNSET
+    network_denied: NetworkDenied = UNSET
 
 
 class ReplExecParams(Struct):
@@ -213,6 +216,7 @@ class ReplExecResult(Struct, omit_defaults=True):
     # when the interpreter had to be killed, the other processes of its tree).
     processes_ended: int = 0
     host_exec: HostExec = UNSET
+    network_denied: NetworkDenied = UNSET
 
 
 class ProcessStartParams(Struct):
@@ -255,6 +259,7 @@ class ProcessOutputResult(Struct):
     truncated: bool
     waiting_for_input: bool = False  # 1.1 "tty"/"stdin": blocked reading input, none pending
     host_exec: HostExec = UNSET
+    network_denied: NetworkDenied = UNSET
 
 
 class ProcessStopParams(Struct):
