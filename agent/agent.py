@@ -21,6 +21,7 @@ from agent.context import gather_context
 from agent.conversation import Conversation, ConversationStore
 from agent.gates import Approver, Gate, Mode
 from agent.models.base import Model
+from agent.models.probe import route_budget
 from agent.turn import AgentConfig, Turn, TurnLoop, TurnResult
 from agent.window import resolve_budget
 from toolsd.client import AsyncClient
@@ -112,8 +113,11 @@ class Agent:
         system = SYSTEM.format(workspace=backend.workspace, mode=MODE_NOTES[gate.mode],
                                network="on" if config.network == "host" else "off",
                                instructions=config.instructions, context=context)
-        return cls(model=model, backend=backend, conversation=conversation, gate=gate,
-                   config=config, system=system, client=client, own_client=own_client)
+        agent = cls(model=model, backend=backend, conversation=conversation, gate=gate,
+                    config=config, system=system, client=client, own_client=own_client)
+        # The endpoint's own report of its window, where it gives one (bounded: a probe).
+        agent.budget = await route_budget(config.context_tokens, model)
+        return agent
 
     async def __aenter__(self) -> Agent:
         return self

@@ -240,6 +240,8 @@ class Run:
             self.interrupt(signum)
 
     async def _turns(self, reader) -> int:
+        from agent.models.limits import budget_label
+
         term, agent = self.term, self.agent
         if agent.backend.sandbox == "none":
             term.say("toolsd agent: WARNING: this machine cannot sandbox sessions (see `toolsd "
@@ -248,7 +250,7 @@ class Run:
         if interactive and sys.stdin.isatty():
             term.say(f"toolsd agent: {self.args.model}, {self.args.mode} mode, in "
                      f"{agent.backend.workspace} (conversation {agent.conversation.id}); "
-                     f"one prompt per line, Ctrl-D ends")
+                     f"{budget_label(agent.budget)}; one prompt per line, Ctrl-D ends")
         code = 0
         while True:
             if interactive:

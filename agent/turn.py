@@ -242,6 +242,7 @@ class TurnLoop:
             self.log("request", kind=kind, step=self.turn.steps, messages=len(fitted.messages),
                      images=len(images), tokens_estimate=fitted.tokens,
                      budget=agent.budget.tokens, budget_guessed=agent.budget.guessed,
+                     budget_source=agent.budget.origin, budget_detail=agent.budget.detail,
                      compacted=fitted.summary is not None)
             self.streamed = []
             try:

@@ -37,10 +37,20 @@ class ModelError(Exception):
 
 
 class ContextBudget(msgspec.Struct, frozen=True):
-    """How many tokens the route takes; `guessed` when no config or provider said so."""
+    """How many tokens the route takes, and where that figure came from: `source` is
+    "configured" (`--context-tokens`, the agent's config), "endpoint" (the server's own
+    report), "catalog" (a table of known hosted models) or "fallback" (a guess; `guessed`
+    then); `detail` says which (the option, the field the server reported, the model's
+    prefix, why none applied). agent/models/limits.py words it for a person."""
 
     tokens: int
     guessed: bool = False
+    source: str = ""  # "" in a budget made by hand: "fallback" if guessed, else "configured"
+    detail: str = ""
+
+    @property
+    def origin(self) -> str:
+        return self.source or ("fallback" if self.guessed else "configured")
 
 
 class Model(Protocol):
