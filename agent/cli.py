@@ -241,6 +241,7 @@ class Run:
 
     async def _turns(self, reader) -> int:
         from agent.models.limits import budget_label
+        from agent.offline import Inbox, start_lines
 
         term, agent = self.term, self.agent
         if agent.backend.sandbox == "none":
@@ -251,14 +252,15 @@ class Run:
             term.say(f"toolsd agent: {self.args.model}, {self.args.mode} mode, in "
                      f"{agent.backend.workspace} (conversation {agent.conversation.id}); "
                      f"{budget_label(agent.budget)}; one prompt per line, Ctrl-D ends")
+        inbox = Inbox(term, agent.model, agent.conversation.folder)
+        for line in start_lines(agent.conversation.recovered, len(inbox.queue.items)):
+            term.say(line)
         code = 0
         while True:
             if interactive:
-                prompt = await term.ask_prompt()
+                prompt = await inbox.next()  # the offline queue's, or the terminal's
                 if prompt is None:
                     return code
-                if not prompt.strip():
-                    continue
             else:
                 prompt = " ".join(self.args.prompt)
             self.move(Phase.TURN)

@@ -16,6 +16,7 @@ import httpx
 
 from agent.models.base import ContextBudget, Model
 from agent.models.limits import endpoint_budget, reported_context
+from agent.models.transport import causes
 
 __all__ = ["PROBE_TIMEOUT", "reported_budget", "route_budget", "unreachable"]
 
@@ -41,8 +42,9 @@ async def unreachable(url: str, headers: dict[str, str]) -> str | None:
     except httpx.TimeoutException:
         return f"no answer within {PROBE_TIMEOUT.read:g} s"
     except httpx.ConnectError as e:
-        text = str(e).lower()
-        return "connection refused" if "refused" in text else (str(e) or "cannot connect")
+        if any(isinstance(c, ConnectionRefusedError) for c in causes(e)):
+            return "connection refused"
+        return str(e) or "cannot connect"
     except (httpx.HTTPError, OSError) as e:
         return str(e) or type(e).__name__
 

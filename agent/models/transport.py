@@ -305,17 +305,17 @@ def _gave_up(endpoint: Endpoint, t: Transient, failures: int) -> str:
 
 
 def _connect_failure(url: str, e: httpx.ConnectError) -> str:
-    causes = list(_causes(e))
-    for cause in causes:
+    found = list(causes(e))
+    for cause in found:
         if isinstance(cause, socket.gaierror):
             return f"cannot find the host of {url} ({cause.strerror}); check the base URL"
-    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+    if any(isinstance(c, ConnectionRefusedError) for c in found):
         return (f"cannot connect to {url}: connection refused; check the base URL and that the "
                 "server is running")
     return f"cannot connect to {url} ({_one_line(str(e)) or type(e).__name__}); check the base URL"
 
 
-def _causes(e: BaseException):
+def causes(e: BaseException):
     """The exception, what it was raised from, and the members of any group among them (a
     refused connection reaches httpx as a group of one try per address)."""
     seen: set[int] = set()
