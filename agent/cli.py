@@ -33,6 +33,8 @@ import os
 import signal
 import sys
 
+from agent import settings
+
 EXIT_CODES = {"completed": 0, "failed": 1, "budget_exhausted": 3, "interrupted": 130}
 DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -81,6 +83,7 @@ def add_parser(sub, common) -> None:
                    help="go on with this workspace's latest conversation")
     p.add_argument("--json", action="store_true",
                    help="print the turn's events as JSON lines instead of text")
+    settings.add_arguments(p)  # --mcp, --config (agent/settings.py)
     p.set_defaults(func=cmd_agent)
 
 
@@ -118,7 +121,8 @@ def cmd_agent(args) -> int:
 
     try:
         model = make_model(args)
-    except (UsageError, ModelError) as e:
+        args.settings = settings.load_settings(args)
+    except (UsageError, ModelError, settings.SettingsError) as e:
         return fail(str(e), 2)
     workspace = os.path.abspath(args.workspace or os.getcwd())
     if not os.path.isdir(workspace):
@@ -216,7 +220,8 @@ class Run:
                                 self.workspace, self.model, mode=args.mode,
                                 approve=term.approve if args.mode == "ask" else None,
                                 config=AgentConfig(max_steps=args.max_steps),
-                                socket=self.socket, resume="latest" if args.resume else None)
+                                socket=self.socket, resume="latest" if args.resume else None,
+                                settings=args.settings)
                         except (ToolsdError, ConversationError, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
                             code = 1
@@ -253,7 +258,8 @@ class Run:
                      f"{agent.backend.workspace} (conversation {agent.conversation.id}); "
                      f"{budget_label(agent.budget)}; one prompt per line, Ctrl-D ends")
         inbox = Inbox(term, agent.model, agent.conversation.folder)
-        for line in start_lines(agent.conversation.recovered, len(inbox.queue.items)):
+        for line in start_lines(agent.conversation.recovered,
+                                len(inbox.queue.items)) + agent.notes:
             term.say(line)
         code = 0
         while True:

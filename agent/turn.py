@@ -45,7 +45,6 @@ from agent.history import (
 )
 from agent.models.base import ContextOverflow, ModelError, ModelReply
 from agent.results import RESULT_CHARS, ToolOutcome, caption, clip_text
-from agent.tools import TOOLS
 
 if TYPE_CHECKING:
     from agent.agent import Agent
@@ -227,7 +226,7 @@ class TurnLoop:
         """One model request over the history's window. A compaction takes effect (is put
         in the history) once a request made with it is answered."""
         agent = self.agent
-        base = ModelRequest(system=agent.system, messages=[], tools=list(TOOLS),
+        base = ModelRequest(system=agent.system, messages=[], tools=agent.toolbox.tools(),
                             max_tokens=max_tokens)
         self.turn.steps += 1
         refused = None
@@ -339,7 +338,7 @@ class TurnLoop:
         if not decision.allowed:
             outcome = ToolOutcome(decision.message, is_error=True)
         else:
-            outcome = await self.backend.call(call)
+            outcome = await self.agent.toolbox.call(call)  # agent/toolbox.py
         self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                  is_error=outcome.is_error, images=[r.path for r in outcome.images])
         return outcome
