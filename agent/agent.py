@@ -21,7 +21,9 @@ from agent.backend import Backend
 from agent.catalog import RENAMED, Catalog
 from agent.context import gather_context
 from agent.conversation import Conversation, ConversationStore
+from agent.diagnostics import Diagnostics
 from agent.gates import Approver, Gate, Mode
+from agent.history import Text, UserMessage
 from agent.mcp_tools import McpTools
 from agent.models.base import Model
 from agent.models.probe import route_budget
@@ -74,6 +76,7 @@ class Agent:
         self.toolbox = Toolbox(backend, Catalog(TOOLS))
         gate.lookup = self.toolbox.catalog.lookup
         self.notes: list[str] = []  # for a person, as it opened (a server that did not start)
+        self.diagnostics = Diagnostics(backend)  # of edited files, before the next request
         self._client = client
         self._own_client = own_client
         self._scope: trio.CancelScope | None = None
@@ -146,6 +149,7 @@ class Agent:
         elif renamed:
             agent.toolbox = Toolbox(backend, Catalog(TOOLS, renamed))
         gate.lookup = agent.toolbox.catalog.lookup
+        agent.diagnostics = Diagnostics(backend, settings.lsp)
         # The endpoint's own report of its window, where it gives one (bounded: a probe).
         agent.budget = await route_budget(config.context_tokens, model)
         return agent
@@ -176,6 +180,19 @@ class Agent:
         listener = self._listener or self.on_event
         if listener is not None:
             listener(event)
+
+    async def drain_diagnostics(self) -> None:
+        """The language servers' word on the files edited since the last request, as one
+        runtime message in the conversation (agent/diagnostics.py); nothing when none was."""
+        drained = await self.diagnostics.drain()
+        if drained is None:
+            return
+        text, checked = drained
+        self.conversation.append(UserMessage([Text(text)], attachment=True))
+        self._report("diagnostics", {"files": [
+            {"path": c.path, "server": c.server, "why": c.why,
+             "count": c.published.total if c.published is not None else None}
+            for c in checked]})
 
     def cancel(self) -> None:
         """Cancel the turn in flight (it ends `interrupted`); nothing if none is."""

@@ -229,6 +229,7 @@ class TurnLoop:
         base = ModelRequest(system=agent.system, messages=[], tools=agent.toolbox.tools(),
                             max_tokens=max_tokens)
         self.turn.steps += 1
+        await self.agent.drain_diagnostics()  # what edits since the last request caused
         refused = None
         while True:
             fitted = await fit_history(agent.model, self.conversation.messages, base,
@@ -341,4 +342,6 @@ class TurnLoop:
             outcome = await self.agent.toolbox.call(call)  # agent/toolbox.py
         self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                  is_error=outcome.is_error, images=[r.path for r in outcome.images])
+        for path in outcome.edited:
+            self.agent.diagnostics.file_edited(path)  # checked before the next request
         return outcome
