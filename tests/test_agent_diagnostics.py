@@ -189,3 +189,25 @@ async def test_no_server_in_the_session_is_said_and_terminal_writes_get_none(kit
     assert runtime_messages(model.requests[2]) == [
         f"{HEADER}\na.py: no diagnostics: no language server for python in the session "
         f"(looked for /nonexistent/ls; set one in the agent's [lsp] config)"]
+
+
+PYLSP = os.path.join(os.path.dirname(sys.executable), "pylsp")
+
+
+@needs_bwrap
+@pytest.mark.skipif(not os.path.exists(PYLSP), reason="python-lsp-server is not installed "
+                    "(pip install 'toolsd[lsp]')")
+async def test_a_real_language_server_reports_the_type_error(kit):
+    pytest.importorskip("pylsp_mypy", reason="pylsp-mypy is not installed")
+    model = ScriptedModel([
+        reply("", call("run_terminal", command="printf 'count: int = \"many\"\\n' > typed.py")),
+        reply("Done."),
+    ])
+    agent = await kit.open(model=model, settings=Settings(lsp={"python": [PYLSP]}))
+    agent.toolbox = FileTools(agent.backend, agent.toolbox.catalog)
+    agent.diagnostics.limits = Limits(start_s=60, wait_s=120)  # mypy's first run is slow
+    assert (await agent.run_turn("go")).outcome == "completed"
+    [message] = runtime_messages(model.requests[1])
+    assert message.startswith(f"{HEADER}\ntyped.py (pylsp): ")
+    assert 'Incompatible types in assignment (expression has type "str", variable has ' \
+           'type "int")' in message
