@@ -27,7 +27,8 @@ __all__ = ["Catalog", "Deferred", "RENAMED", "TOOL_SEARCH", "SEARCH_LIMIT"]
 RENAMED: Mapping[str, str] = {}
 
 SEARCH_LIMIT = 8
-ACTIVATE_LIMIT = 16  # in one call: a model that names everything gets the first ones
+ACTIVATE_LIMIT = 16
+LISTED_CHARS = 300  # of a description, in a search's list (the whole one comes when active)  # in one call: a model that names everything gets the first ones
 
 TOOL_SEARCH = "tool_search"
 
@@ -146,7 +147,10 @@ class Catalog:
                 lines.append(f"Tools matching {query.strip()!r}:")
                 for d in found:
                     state = " (active)" if d.spec.name in self.active else ""
-                    lines.append(f"- {d.spec.name}{state}: {d.spec.description}")
+                    about = " ".join(d.spec.description.split())
+                    if len(about) > LISTED_CHARS:
+                        about = about[:LISTED_CHARS - 3] + "..."
+                    lines.append(f"- {d.spec.name}{state}: {about}")
             else:
                 lines.append(f"No tool matches {query.strip()!r}.")
             for server, why in sorted(self.unavailable.items()):

@@ -15,7 +15,7 @@ import msgspec
 
 from agent.catalog import TOOL_SEARCH, Catalog
 from agent.history import ToolCall, ToolSpec
-from agent.results import ToolOutcome, quoted
+from agent.results import RESULT_CHARS, ToolOutcome, clip_text, quoted
 
 __all__ = ["Toolbox"]
 
@@ -42,7 +42,7 @@ class Toolbox:
                 names = args.get("activate") if isinstance(args.get("activate"), list) else []
                 text, is_error = self.catalog.search_text(
                     query, [n for n in names if isinstance(n, str)])
-                return ToolOutcome(text, is_error=is_error)
+                return ToolOutcome(clip_text(text, RESULT_CHARS), is_error=is_error)
             return await self.mcp.call(entry, call.arguments)
         if name != call.name:
             call = msgspec.structs.replace(call, name=name)

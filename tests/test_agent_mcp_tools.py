@@ -257,3 +257,12 @@ def test_mcp_option_end_to_end(place, module_daemon, files):
     assert bad.returncode == 2
     assert bad.stderr.strip() == ("toolsd agent: --mcp 'oops': give NAME=COMMAND, e.g. --mcp "
                                   "tickets='tickets-mcp --stdio'")
+
+
+def test_a_search_lists_within_bounds_whatever_the_server_wrote():
+    catalog = Catalog(TOOLS)
+    catalog.add([entry("t", f"tool_{i}", "convert " + "x" * 5000) for i in range(40)])
+    text, error = catalog.search_text("convert", [f"mcp__t__tool_{i}" for i in range(40)])
+    assert not error
+    assert text.count("\n- ") == 8 and max(map(len, text.splitlines())) < 400
+    assert len(catalog.active) == 16  # at most that many from one call
