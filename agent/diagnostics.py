@@ -170,7 +170,6 @@ class Diagnostics:
         except ServerFailed as e:
             return str(e)
         except ToolsdError as e:
-            server.state, server.reason = ServerState.FAILED, f"the session did not answer " \
-                                                                f"({e.message})"
+            server.move(ServerState.FAILED, f"the session did not answer ({e.message})")
             return server.reason
         return server

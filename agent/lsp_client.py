@@ -51,6 +51,13 @@ class ServerState(enum.Enum):
     FAILED = "failed"
 
 
+_MOVES = {
+    ServerState.NEW: {ServerState.READY, ServerState.FAILED},
+    ServerState.READY: {ServerState.FAILED},
+    ServerState.FAILED: set(),
+}
+
+
 class ServerFailed(Exception):
     """The reason, for a person: "pylsp exited (exit code 1) ..."."""
 
@@ -83,9 +90,16 @@ class LanguageServer:
         self._inbox: list[dict] = []
         self._versions: dict[str, int] = {}
 
+    def move(self, to: ServerState, reason: str = "") -> None:
+        """The one way its state changes; FAILED is final, and its first reason stays."""
+        if self.state is ServerState.FAILED:
+            return
+        assert to in _MOVES[self.state], f"{self.state} -> {to}"
+        self.state, self.reason = to, reason
+
     def _fail(self, reason: str) -> ServerFailed:
-        self.state, self.reason = ServerState.FAILED, reason
-        return ServerFailed(reason)
+        self.move(ServerState.FAILED, reason)
+        return ServerFailed(self.reason)
 
     async def start(self, deadline: float) -> None:
         assert self.state is ServerState.NEW
@@ -104,7 +118,7 @@ class LanguageServer:
             await self.stop()
             raise self._fail(f"{self.name} refused to initialize: {reply['error']}")
         await self._send(initialized())
-        self.state = ServerState.READY
+        self.move(ServerState.READY)
 
     async def check(self, path: str, language_id: str, text: str,
                     deadline: float) -> Published:
