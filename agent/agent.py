@@ -23,7 +23,7 @@ from agent.context import gather_context
 from agent.conversation import Conversation, ConversationStore
 from agent.diagnostics import Diagnostics
 from agent.gates import Approver, Gate, Mode
-from agent.history import Text, UserMessage
+from agent.history import AssistantMessage, Text, UserMessage
 from agent.mcp_tools import McpTools
 from agent.models.base import Model
 from agent.models.probe import route_budget
@@ -143,6 +143,11 @@ class Agent:
             catalog = Catalog(TOOLS, renamed)
             catalog.add(mcp.entries())
             catalog.unavailable = mcp.failures()
+            # A resumed conversation's outside tools are declared again, in the order it
+            # first called them: the model goes on with the tools it was using.
+            catalog.activate(list(dict.fromkeys(
+                c.name for m in conversation.messages if isinstance(m, AssistantMessage)
+                for c in m.tool_calls if c.name in catalog.deferred)))
             agent.toolbox = Toolbox(backend, catalog, mcp)
             agent.notes = [f"toolsd agent: the MCP server {name} did not start: {why} (its "
                            f"tools are not available)" for name, why in mcp.failures().items()]

@@ -149,6 +149,11 @@ async def test_deferred_tools_are_found_activated_after_the_head_and_called(kit,
     assert results[-1].text == "1.243 mi" and not results[-1].is_error
     await agent.aclose()
     assert wait_gone(servers_running(), timeout=30) == []
+    # Resumed, the conversation's outside tools are declared again from its first request.
+    resumed = ScriptedModel([reply("Still here.")])
+    again = await kit.open(model=resumed, settings=SETTINGS, resume="latest")
+    assert (await again.run_turn("and 3 km?")).outcome == "completed"
+    assert names(resumed.requests[0]) == [*TOOL_NAMES, "tool_search", CONVERT]
 
 
 @needs_bwrap
@@ -253,6 +258,19 @@ def test_mcp_option_end_to_end(place, module_daemon, files):
         assert [t["function"]["name"] for t in first][-1] == "tool_search"
         assert [t["function"]["name"] for t in second][-1] == CONVERT
         assert json.dumps(second[:len(first)]) == json.dumps(first)
+    # The same server from the agent's config file, at its default place.
+    config = os.path.join(place.root, "config", "toolsd")
+    os.makedirs(config)
+    with open(os.path.join(config, "agent.toml"), "w") as f:
+        f.write(f"[mcp]\ntools = {json.dumps([sys.executable, SERVER])}\n")
+    place.env["XDG_CONFIG_HOME"] = os.path.join(place.root, "config")
+    with ModelServer() as server:
+        server.push(openai_stream(text="Ready."))
+        done = run(argv(server, place, "--mode", "auto", "go", socket=module_daemon.socket),
+                   place)
+        assert done.returncode == 0, done.stderr
+        assert [t["function"]["name"] for t in server.requests[0].body["tools"]][-1] == \
+            "tool_search"
     bad = run(argv(server, place, "--mcp", "oops", "go"), place)
     assert bad.returncode == 2
     assert bad.stderr.strip() == ("toolsd agent: --mcp 'oops': give NAME=COMMAND, e.g. --mcp "
