@@ -258,8 +258,8 @@ class Run:
                      f"{agent.backend.workspace} (conversation {agent.conversation.id}); "
                      f"{budget_label(agent.budget)}; one prompt per line, Ctrl-D ends")
         inbox = Inbox(term, agent.model, agent.conversation.folder)
-        for line in start_lines(agent.conversation.recovered,
-                                len(inbox.queue.items)) + agent.notes:
+        for line in start_lines(agent.conversation.recovered, inbox.queue,
+                                interactive) + agent.notes:
             term.say(line)
         code = 0
         while True:

@@ -41,6 +41,7 @@ class PromptQueue:
     def __init__(self, folder: str):
         self.path = os.path.join(folder, QUEUE_FILE)
         self.items: list[str] = []
+        self.damaged: str | None = None  # where a queue that could not be read was put
         try:
             with open(self.path, encoding="utf-8") as f:
                 loaded = json.load(f)
@@ -50,7 +51,8 @@ class PromptQueue:
             pass
         except (OSError, ValueError):
             # Damaged: kept aside for a person to read, never silently emptied.
-            os.replace(self.path, self.path + ".damaged")
+            self.damaged = self.path + ".damaged"
+            os.replace(self.path, self.damaged)
 
     def _save(self) -> None:
         if not self.items:
@@ -87,14 +89,22 @@ def _count(n: int) -> str:
     return f"{n} prompt" + ("" if n == 1 else "s")
 
 
-def start_lines(recovered: list[int], queued: int) -> list[str]:
-    """What a run says as it opens a conversation that a dead process left (pure)."""
+def start_lines(recovered: list[int], queue: PromptQueue, interactive: bool = True) -> list[str]:
+    """What a run says as it opens a conversation that a dead process left (pure but for
+    the queue's fields)."""
     lines = [f"toolsd agent: turn {turn} was interrupted: the agent process ended while it "
              f"was in flight (its conversation is kept; tool calls left open say so)"
              for turn in recovered]
-    if queued:
+    queued = len(queue.items)
+    if queued and interactive:
         lines.append(f"toolsd agent: {_count(queued)} queued while the endpoint did not "
                      f"answer: sent when it answers ({DROP} drops the last)")
+    elif queued:
+        lines.append(f"toolsd agent: {_count(queued)} queued while the endpoint did not "
+                     f"answer, kept: `toolsd agent --continue` without a PROMPT sends them")
+    if queue.damaged:
+        lines.append(f"toolsd agent: the queue of prompts could not be read; it is kept as "
+                     f"{queue.damaged} for you to read")
     return lines
 
 

@@ -143,3 +143,24 @@ def test_a_queued_prompt_can_be_dropped_or_kept_for_continue(place, module_daemo
         assert done.stdout == "Kept and answered.\n"
     assert [said(r) for r in back.requests] == [["keep this one"]]
     assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+
+
+def test_what_a_run_says_of_what_it_finds(tmp_path):
+    from agent.offline import PromptQueue, start_lines
+
+    queue = PromptQueue(str(tmp_path))
+    assert start_lines([], queue) == []
+    queue.add("one")
+    assert PromptQueue(str(tmp_path)).items == ["one"]  # on disk
+    assert start_lines([2], queue, interactive=False) == [
+        "toolsd agent: turn 2 was interrupted: the agent process ended while it was in "
+        "flight (its conversation is kept; tool calls left open say so)",
+        "toolsd agent: 1 prompt queued while the endpoint did not answer, kept: `toolsd "
+        "agent --continue` without a PROMPT sends them"]
+    (tmp_path / "queued.json").write_text("[not json")
+    damaged = PromptQueue(str(tmp_path))
+    assert damaged.items == []
+    assert start_lines([], damaged) == [
+        f"toolsd agent: the queue of prompts could not be read; it is kept as "
+        f"{tmp_path}/queued.json.damaged for you to read"]
+    assert (tmp_path / "queued.json.damaged").read_text() == "[not json"
