@@ -77,8 +77,8 @@ def add_parser(sub, common) -> None:
     p.add_argument("--max-steps", type=positive_int, default=20, metavar="N",
                    help="model requests per turn, then a final report (default: 20)")
     p.add_argument("--context-tokens", type=positive_int, metavar="N",
-                   help="the model's context window (default: known for hosted models, "
-                        "else 32768)")
+                   help="the model's context window (default: what the endpoint reports, "
+                        "else known for hosted models, else 32768)")
     p.add_argument("--continue", dest="resume", action="store_true",
                    help="go on with this workspace's latest conversation")
     p.add_argument("--json", action="store_true",

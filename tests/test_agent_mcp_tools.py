@@ -284,3 +284,24 @@ def test_a_search_lists_within_bounds_whatever_the_server_wrote():
     assert not error
     assert text.count("\n- ") == 8 and max(map(len, text.splitlines())) < 400
     assert len(catalog.active) == 16  # at most that many from one call
+
+
+async def test_deferring_keeps_the_tool_block_small(tmp_path, files):
+    """The figure in the README: what the tool block costs (characters / 4) with the 30
+    tools deferred behind tool_search, and with all of them declared."""
+    from agent.mcp_tools import McpTools
+
+    mcp = McpTools(SETTINGS.mcp, str(tmp_path), str(tmp_path))
+    await mcp.start()
+    try:
+        catalog = Catalog(TOOLS)
+        catalog.add(mcp.entries())
+        assert len(mcp.entries()) == 30
+        cost = {what: len(msgspec.json.encode(tools)) // 4 for what, tools in {
+            "built-in": TOOLS, "deferred": catalog.tools(),
+            "declared": TOOLS + [e.spec for e in mcp.entries()]}.items()}
+        print(f"\ntool block: built-in {cost['built-in']} tokens; with 30 MCP tools "
+              f"deferred {cost['deferred']}; all declared {cost['declared']}")
+        assert cost["deferred"] - cost["built-in"] < (cost["declared"] - cost["built-in"]) / 5
+    finally:
+        await mcp.close()
