@@ -44,6 +44,10 @@ class Toolbox:
                     query, [n for n in names if isinstance(n, str)])
                 return ToolOutcome(clip_text(text, RESULT_CHARS), is_error=is_error)
             return await self.mcp.call(entry, call.arguments)
+        if self.catalog.lookup(name) is None and self.catalog.deferred:
+            declared = ", ".join(t.name for t in self.catalog.tools())
+            return ToolOutcome(f"There is no tool {quoted(call.name)}; the tools declared are "
+                               f"{declared}; tool_search finds more by words.", is_error=True)
         if name != call.name:
             call = msgspec.structs.replace(call, name=name)
         return await self.backend.call(call)

@@ -243,6 +243,12 @@ async def test_a_server_that_cannot_start_is_reported_and_the_others_work(kit, f
     text = agent.conversation.messages[2].text
     assert "- mcp__tools__zip_archive_lookup: Look up a zip archive." in text
     assert "(The server gone is unavailable: its command was not found" in text
+    model.add(reply("", call("mcp__tools__guessed", x=1)), reply("ok"))
+    assert (await agent.run_turn("guess")).outcome == "completed"
+    guessed = [m for m in agent.conversation.messages if getattr(m, "call_id", None)][-1]
+    assert guessed.is_error and guessed.text.startswith(
+        "There is no tool 'mcp__tools__guessed'; the tools declared are run_terminal, ")
+    assert guessed.text.endswith(", tool_search; tool_search finds more by words.")
 
 
 @needs_bwrap
