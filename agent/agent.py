@@ -27,6 +27,7 @@ from agent.history import AssistantMessage, Text, UserMessage
 from agent.mcp_tools import McpTools
 from agent.models.base import Model
 from agent.models.probe import route_budget
+from agent.offline import recover_latest
 from agent.settings import Settings
 from agent.toolbox import Toolbox
 from agent.tools import TOOLS
@@ -104,6 +105,7 @@ class Agent:
         store = ConversationStore(workspace, store_root)
         own_client = client is None
         backend = mcp = conversation = None
+        earlier: list[str] = []
         try:
             if client is None:
                 client = await AsyncClient.connect(socket)
@@ -119,6 +121,7 @@ class Agent:
             elif resume:
                 conversation = store.open(resume)
             else:
+                earlier = recover_latest(store)  # what a killed run left, said now
                 conversation = store.new()
             if settings.mcp:
                 mcp = McpTools(settings.mcp, os.path.abspath(workspace), conversation.folder)
@@ -155,6 +158,7 @@ class Agent:
             agent.toolbox = Toolbox(backend, Catalog(TOOLS, renamed))
         gate.lookup = agent.toolbox.catalog.lookup
         agent.diagnostics = Diagnostics(backend, settings.lsp)
+        agent.notes[:0] = earlier
         # The endpoint's own report of its window, where it gives one (bounded: a probe).
         agent.budget = await route_budget(config.context_tokens, model)
         return agent

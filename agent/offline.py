@@ -26,7 +26,7 @@ import os
 
 import trio
 
-__all__ = ["PromptQueue", "Inbox", "start_lines", "QUEUE_FILE", "DROP"]
+__all__ = ["PromptQueue", "Inbox", "start_lines", "recover_latest", "QUEUE_FILE", "DROP"]
 
 QUEUE_FILE = "queued.json"
 DROP = "/drop"
@@ -106,6 +106,29 @@ def start_lines(recovered: list[int], queue: PromptQueue, interactive: bool = Tr
         lines.append(f"toolsd agent: the queue of prompts could not be read; it is kept as "
                      f"{queue.damaged} for you to read")
     return lines
+
+
+def recover_latest(store) -> list[str]:
+    """A new conversation is starting: the latest one of the workspace, if a killed run left
+    a turn of it in flight, is marked now (opening it does) rather than whenever it is next
+    continued, and a line says so. Nothing for one open in another agent."""
+    from agent.conversation import ConversationError
+
+    try:
+        latest = store.latest()
+    except (ConversationError, OSError):
+        return []
+    if latest is None:
+        return []
+    try:
+        queued = len(PromptQueue(latest.folder).items)
+        return [f"toolsd agent: the last run's turn {turn} (conversation {latest.id}) was "
+                f"interrupted: the agent process ended while it was in flight; "
+                f"--continue goes on from it" for turn in latest.recovered] + \
+            ([f"toolsd agent: {_count(queued)} queued in conversation {latest.id}: "
+              f"--continue sends them"] if queued else [])
+    finally:
+        latest.close()
 
 
 class Inbox:

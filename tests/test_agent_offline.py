@@ -57,7 +57,8 @@ def events_of(place) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def test_a_killed_agents_turn_is_interrupted_at_the_next_start(server, place, module_daemon):
+def kill_mid_turn(server, place) -> None:
+    """`toolsd agent` killed with SIGKILL while a tool call of its turn runs."""
     server.push(openai_stream(calls=[Call("run_terminal", {"command": "sleep 4747"})]))
     # Its own daemon: a killed agent's daemon goes with it (parent-death), sessions and all.
     child = spawn(argv(server, place, "--mode", "auto"), place)
@@ -71,6 +72,10 @@ def test_a_killed_agents_turn_is_interrupted_at_the_next_start(server, place, mo
     child.close()
     assert wait_gone(tree, timeout=60) == [], "a killed agent left its daemon or sandbox"
     assert [e["type"] for e in events_of(place)][-1] == "tool_call"  # no outcome: it died
+
+
+def test_a_killed_agents_turn_is_interrupted_at_the_next_start(server, place, module_daemon):
+    kill_mid_turn(server, place)
 
     server.push(openai_stream(text="Going on."))
     again = run(argv(server, place, "--continue", "--mode", "auto", "and now?",
@@ -164,3 +169,23 @@ def test_what_a_run_says_of_what_it_finds(tmp_path):
         f"toolsd agent: the queue of prompts could not be read; it is kept as "
         f"{tmp_path}/queued.json.damaged for you to read"]
     assert (tmp_path / "queued.json.damaged").read_text() == "[not json"
+
+
+def test_a_fresh_start_marks_and_says_what_a_killed_run_left(server, place, module_daemon):
+    kill_mid_turn(server, place)
+    [killed] = os.listdir(glob.glob(os.path.join(place.env["XDG_STATE_HOME"], "toolsd",
+                                                 "agent", "*"))[0])
+    server.push(openai_stream(text="New."))
+    fresh = run(argv(server, place, "--mode", "auto", "something else",
+                     socket=module_daemon.socket), place)
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stderr.splitlines()[0] == (
+        f"toolsd agent: the last run's turn 1 (conversation {killed}) was interrupted: the "
+        f"agent process ended while it was in flight; --continue goes on from it")
+    folder = glob.glob(os.path.join(place.env["XDG_STATE_HOME"], "toolsd", "agent", "*",
+                                    killed))[0]
+    with open(os.path.join(folder, "events.jsonl")) as f:
+        last = [json.loads(line) for line in f if line.strip()][-1]
+    assert (last["type"], last["outcome"]) == ("outcome", "interrupted")
+    assert said(server.requests[1]) == ["something else"]  # a new conversation
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
