@@ -28,6 +28,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.lsp_servers import KNOWN
+
 __all__ = ["Settings", "SettingsError", "add_arguments", "load_settings", "default_path"]
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -106,6 +108,9 @@ def parse_file(path: str, text: str) -> Settings:
         for name, value in table.items():
             where = f"{path}: {section}.{name}"
             _name(where, name)
+            if section == "lsp" and name not in KNOWN:
+                raise SettingsError(f"{where}: no language {name!r} has diagnostics; the "
+                                    f"languages are {', '.join(KNOWN)}")
             out[name] = [] if section == "lsp" and value is False else _command(where, value)
     return Settings(mcp=mcp, lsp=lsp)
 

@@ -100,7 +100,9 @@ def test_settings_from_the_file_and_the_options(tmp_path):
            "[other]\n": "unknown section 'other'",
            "[mcp]\nx = \"'unclosed\"\n": "check its quotes",
            "[mcp\n": "is not valid TOML",
-           "[mcp]\nx = \"\"\n": "the command is empty"}
+           "[mcp]\nx = \"\"\n": "the command is empty",
+           "[lsp]\nrust = \"rust-analyzer\"\n": "the languages are python, typescript, "
+                                                "javascript"}
     for text, message in bad.items():
         with pytest.raises(SettingsError, match=message):
             parse_file("a.toml", text)
@@ -311,3 +313,37 @@ async def test_deferring_keeps_the_tool_block_small(tmp_path, files):
         assert cost["deferred"] - cost["built-in"] < (cost["declared"] - cost["built-in"]) / 5
     finally:
         await mcp.close()
+
+
+@needs_bwrap
+def test_a_killed_agent_leaves_no_mcp_server(place, files):
+    """The servers are the agent's children on the host: killed with SIGKILL, it gives them
+    no word, but their stdin closes with it, and an MCP server ends at the end of its
+    input."""
+    import subprocess
+    import threading
+
+    from agentkit import descendants, running
+    from conftest import wait_for
+
+    hold = threading.Event()
+    with ModelServer() as server:
+        streaming = openai_stream(text="thinking")
+        streaming.hold = hold  # the model streams while the agent is killed
+        server.push(streaming)
+        proc = subprocess.Popen(argv(server, place, "--mode", "auto", "--mcp",
+                                     f"tools={sys.executable} {SERVER}", "go"),
+                                env=place.env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            server.wait_for_requests(1)
+            tree = descendants(proc.pid)
+            assert running(tree, SERVER)
+            proc.kill()
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            hold.set()
+    assert wait_gone(tree, timeout=60) == [], "a killed agent left its MCP server or daemon"
