@@ -246,7 +246,7 @@ class Run:
 
     async def _turns(self, reader) -> int:
         from agent.models.limits import budget_label
-        from agent.offline import Inbox, start_lines
+        from agent.offline import Inbox, PatientModel, start_lines
 
         term, agent = self.term, self.agent
         if agent.backend.sandbox == "none":
@@ -258,6 +258,8 @@ class Run:
                      f"{agent.backend.workspace} (conversation {agent.conversation.id}); "
                      f"{budget_label(agent.budget)}; one prompt per line, Ctrl-D ends")
         inbox = Inbox(term, agent.model, agent.conversation.folder)
+        if interactive:  # a request waits out an endpoint that went away (agent/offline.py)
+            agent.model = PatientModel(agent.model, term.say)
         for line in start_lines(agent.conversation.recovered, inbox.queue,
                                 interactive) + agent.notes:
             term.say(line)

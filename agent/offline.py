@@ -12,8 +12,12 @@ answer is kept and sent when it answers again, never lost.
 - A prompt leaves the queue as its turn starts, in the same step in which the turn writes
   it into the conversation's history (no checkpoint between): it is in one or the other.
 
-Only prompts read line by line are queued; a PROMPT given on the command line fails its turn
-as before, with the endpoint's error, for a script to act on.
+Once a turn is under way, a request whose connection is refused (the endpoint went away
+between two steps: a local server restarted) waits in the same way and is sent again as it
+was (`PatientModel`): the turn stays in flight, and Ctrl-C cancels it.
+
+Only prompts read line by line are queued, and only their turns wait; a PROMPT given on the
+command line fails its turn as before, with the endpoint's error, for a script to act on.
 
 `start_lines` is what a run says as it opens a conversation: the turns a process that died
 left in flight (agent/conversation.py marks them `interrupted`) and the prompts still queued.
@@ -26,7 +30,8 @@ import os
 
 import trio
 
-__all__ = ["PromptQueue", "Inbox", "start_lines", "recover_latest", "QUEUE_FILE", "DROP"]
+__all__ = ["PromptQueue", "Inbox", "PatientModel", "start_lines", "recover_latest",
+           "wait_until_answers", "QUEUE_FILE", "DROP"]
 
 QUEUE_FILE = "queued.json"
 DROP = "/drop"
@@ -106,6 +111,47 @@ def start_lines(recovered: list[int], queue: PromptQueue, interactive: bool = Tr
         lines.append(f"toolsd agent: the queue of prompts could not be read; it is kept as "
                      f"{queue.damaged} for you to read")
     return lines
+
+
+async def wait_until_answers(unreachable) -> None:
+    """Until `unreachable()` says None: asked after 1 s, then after a pause that doubles to
+    at most MAX_PAUSE_S."""
+    pause = FIRST_PAUSE_S
+    while True:
+        await trio.sleep(pause)
+        if await unreachable() is None:
+            return
+        pause = min(pause * 2, MAX_PAUSE_S)
+
+
+class PatientModel:
+    """A model adapter whose requests wait out an endpoint that stopped answering: a
+    request whose connection is refused (`Unreachable`: nothing of it was sent) is sent
+    again, as it is, once the endpoint answers, however long that takes; the turn waits
+    in flight, and Ctrl-C cancels it as ever. Everything else is the adapter's."""
+
+    def __init__(self, model, say):
+        self._model = model
+        self._say = say
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    async def complete(self, request, images, on_text=None):
+        from agent.models.base import Unreachable
+
+        while True:
+            try:
+                return await self._model.complete(request, images, on_text)
+            except Unreachable as e:
+                ask = getattr(self._model, "unreachable", None)
+                if ask is None:
+                    raise
+                self._say(f"toolsd agent: the model endpoint stopped answering ({e}): the "
+                          f"request waits and is sent when it answers (Ctrl-C cancels the "
+                          f"turn)")
+                await wait_until_answers(ask)
+                self._say("toolsd agent: the endpoint answers again: sending the request")
 
 
 def recover_latest(store) -> list[str]:

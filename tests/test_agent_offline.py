@@ -189,3 +189,32 @@ def test_a_fresh_start_marks_and_says_what_a_killed_run_left(server, place, modu
     assert (last["type"], last["outcome"]) == ("outcome", "interrupted")
     assert said(server.requests[1]) == ["something else"]  # a new conversation
     assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+
+
+def test_a_turn_waits_for_an_endpoint_that_went_away_between_steps(place, module_daemon):
+    port = free_port()
+    fifo = os.path.join(place.workspace, "go.fifo")
+    os.mkfifo(fifo)
+    child = spawn(at_port(port, place, socket=module_daemon.socket), place)
+    child.expect_exact("one prompt per line")
+    with ModelServer(port) as first:
+        first.push(openai_stream(calls=[Call("run_terminal", {"command": "head -n1 go.fifo"})]))
+        child.sendline("wait for the fifo")
+        child.expect_exact("● run_terminal: head -n1 go.fifo")
+    # The endpoint is gone now (a local server restarting) while the tool runs.
+    with open(fifo, "w") as f:
+        f.write("went\n")
+    child.expect_exact("toolsd agent: the model endpoint stopped answering (cannot connect to "
+                       f"http://127.0.0.1:{port}/v1/chat/completions: connection refused")
+    with ModelServer(port) as back:
+        back.push(openai_stream(text="Back again."))
+        child.expect_exact("the endpoint answers again: sending the request")
+        child.expect_exact("Back again.")
+        child.expect_exact("[completed] 2 steps, 1 tool call")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+        child.close()
+    assert child.exitstatus == 0
+    tool = [m for m in back.requests[0].body["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in tool] == ["went\n[exit code 0]"]
+    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []

@@ -72,3 +72,9 @@ class Model(Protocol):
 class ContextOverflow(ModelError):
     """The server refused the request as larger than the model's context window: the turn
     loop may compact the history and ask again."""
+
+
+class Unreachable(ModelError):
+    """Nothing answered at the endpoint (the connection was refused): nothing of the request
+    was sent, so it can be sent again as it is once the endpoint answers
+    (agent/offline.py)."""

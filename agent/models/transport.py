@@ -10,6 +10,7 @@ Errors:
 
     ModelError              final; the turn fails with its work kept
      +-- ContextOverflow    the request is over the model's window: compact and ask again
+     +-- Unreachable        the connection was refused: nothing was sent
     Transient               (internal) worth another try, until the policy gives up
 """
 
@@ -28,7 +29,7 @@ import httpx
 import msgspec
 import trio
 
-from agent.models.base import ContextOverflow, ModelError, ModelReply
+from agent.models.base import ContextOverflow, ModelError, ModelReply, Unreachable
 from agent.models.stream import SSEDecoder
 
 RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx; as the official SDKs retry
@@ -167,7 +168,9 @@ async def _post_once(client: httpx.AsyncClient, endpoint: Endpoint, body: dict[s
         raise Transient(f"no connection within {timeouts.connect_s:g} s",
                         connection=True) from None
     except httpx.ConnectError as e:
-        raise ModelError(_connect_failure(endpoint.url, e)) from None
+        refused = any(isinstance(c, ConnectionRefusedError) for c in causes(e))
+        raise (Unreachable if refused else ModelError)(_connect_failure(endpoint.url, e)) \
+            from None
     except httpx.ReadTimeout:
         raise ModelError(f"{endpoint.url} sent nothing for {timeouts.read_s:g} s; check that "
                          "the server is up and not overloaded, or allow a longer read timeout"
