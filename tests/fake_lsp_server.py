@@ -1,14 +1,16 @@
 """A language server of the tests, speaking the real protocol (base-protocol framing,
 JSON-RPC 2.0) on stdin and stdout, standard library only (it runs inside the sandbox):
 
-    python3 fake_lsp_server.py normal|silent|crash|flood
+    python3 fake_lsp_server.py normal|silent|crash|flood|chatty
 
 - normal: answers initialize; on didOpen or didChange asks the client for its configuration
   (a request it must answer, as real servers do) and then publishes one error per line that
   contains TYPE_ERROR, with the document's version;
 - silent: reads everything and never writes (a server that hangs);
 - crash: says why on stderr and exits 3 at once;
-- flood: publishes 10,000 diagnostics for each file opened.
+- flood: publishes 10,000 diagnostics for each file opened;
+- chatty: prints a log line on stdout before its first message (a server that mixes its
+  logs into the protocol).
 """
 
 import json
@@ -68,6 +70,8 @@ def main():
             continue
         method = message.get("method")
         if method == "initialize":
+            if MODE == "chatty":
+                out.write(b"Starting the fake server\n")
             send({"jsonrpc": "2.0", "id": message["id"],
                   "result": {"capabilities": {"textDocumentSync": 1}}})
         elif method in ("textDocument/didOpen", "textDocument/didChange"):

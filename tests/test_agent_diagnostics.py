@@ -175,6 +175,22 @@ async def test_ten_thousand_diagnostics_come_as_a_capped_list(kit):
 
 
 @needs_bwrap
+async def test_a_server_that_mixes_logs_into_the_protocol_is_stopped_and_said(kit):
+    agent, model = await open_agent(kit, "chatty", [
+        reply("", call("run_terminal", command="printf 'y = 1\\n' > a.py")),
+        reply("Done."),
+    ])
+    assert (await agent.run_turn("go")).outcome == "completed"
+    [message] = runtime_messages(model.requests[1])
+    assert message.startswith(
+        f"{HEADER}\na.py: no diagnostics: fake_lsp_server.py sent a header without "
+        f"Content-Length: b'Starting the fake server\\nContent-Length: ")
+    listed = await agent.backend.client.process_list(agent.backend.session)
+    assert [p["status"] for p in listed["processes"] if p["name"] == "lsp-python"] == \
+        ["stopped"]
+
+
+@needs_bwrap
 async def test_no_server_in_the_session_is_said_and_terminal_writes_get_none(kit):
     model = ScriptedModel([
         reply("", call("run_terminal", command="printf 'y = TYPE_ERROR\\n' > a.py")),
