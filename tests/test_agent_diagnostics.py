@@ -227,3 +227,21 @@ async def test_a_real_language_server_reports_the_type_error(kit):
     assert message.startswith(f"{HEADER}\ntyped.py (pylsp): ")
     assert 'Incompatible types in assignment (expression has type "str", variable has ' \
            'type "int")' in message
+
+
+@needs_bwrap
+async def test_a_lost_session_gets_a_new_server_in_its_new_session(kit):
+    agent, model = await open_agent(kit, "normal", [
+        reply("", call("run_terminal", command="printf 'y = TYPE_ERROR\\n' > a.py")),
+        reply("Done."),
+    ])
+    assert (await agent.run_turn("go")).outcome == "completed"
+    lost = agent.backend.session
+    agentkit.kill_sandbox(kit.daemon, lost)  # its language server dies with it
+    model.add(reply("", call("run_terminal", command="printf 'z = TYPE_ERROR\\n' > b.py")),
+              reply("Done."))
+    assert (await agent.run_turn("again")).outcome == "completed"
+    assert agent.backend.session != lost
+    assert runtime_messages(model.requests[3])[-1] == (
+        f"{HEADER}\nb.py (fake_lsp_server.py): 1 problem:\n"
+        f"  1:1 error: Type error: TYPE_ERROR is not a str [fake-lsp]")
