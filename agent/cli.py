@@ -221,7 +221,7 @@ class Run:
                                 approve=term.approve if args.mode == "ask" else None,
                                 config=AgentConfig(max_steps=args.max_steps),
                                 socket=self.socket, resume="latest" if args.resume else None,
-                                settings=args.settings)
+                                settings=getattr(args, "settings", None))
                         except (ToolsdError, ConversationError, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
                             code = 1
