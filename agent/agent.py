@@ -12,15 +12,25 @@ ends every background process), its Conversation (its lock) and, when it made it
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 
 import trio
 
 from agent.backend import Backend
+from agent.catalog import RENAMED, Catalog
 from agent.context import gather_context
 from agent.conversation import Conversation, ConversationStore
+from agent.diagnostics import Diagnostics
 from agent.gates import Approver, Gate, Mode
+from agent.history import AssistantMessage, Text, UserMessage
+from agent.mcp_tools import McpTools
 from agent.models.base import Model
+from agent.models.probe import route_budget
+from agent.offline import recover_latest
+from agent.settings import Settings
+from agent.toolbox import Toolbox
+from agent.tools import TOOLS
 from agent.turn import AgentConfig, Turn, TurnLoop, TurnResult
 from agent.window import resolve_budget
 from toolsd.client import AsyncClient
@@ -70,6 +80,11 @@ class Agent:
         self.config = config
         self.system = system
         self.budget = resolve_budget(config.context_tokens, model)
+        # What the model's requests declare and where each call goes (agent/toolbox.py).
+        self.toolbox = Toolbox(backend, Catalog(TOOLS))
+        gate.lookup = self.toolbox.catalog.lookup
+        self.notes: list[str] = []  # for a person, as it opened (a server that did not start)
+        self.diagnostics = Diagnostics(backend)  # of edited files, before the next request
         self._client = client
         self._own_client = own_client
         self._scope: trio.CancelScope | None = None
@@ -85,14 +100,19 @@ class Agent:
                    approve: Approver | None = None, config: AgentConfig | None = None,
                    client: AsyncClient | None = None, socket: str | None = None,
                    resume: str | None = None, store_root: str | None = None,
-                   provider: str | None = None) -> Agent:
+                   provider: str | None = None, settings: Settings | None = None,
+                   renamed: Mapping[str, str] = RENAMED) -> Agent:
         """Open a toolsd session on `workspace` (read-only in plan mode) and a conversation:
-        a new one, or with `resume` the one of that id ("latest": the most recent)."""
+        a new one, or with `resume` the one of that id ("latest": the most recent); and the
+        outside MCP servers of `settings`, whose tools are deferred (agent/catalog.py).
+        `renamed`: former tool names still dispatched (a saved conversation's)."""
         config = config or AgentConfig()
+        settings = settings or Settings()
         gate = Gate(mode, approve)
         store = ConversationStore(workspace, store_root)
         own_client = client is None
-        backend = None
+        backend = mcp = conversation = None
+        earlier: list[str] = []
         try:
             if client is None:
                 client = await AsyncClient.connect(socket)
@@ -108,9 +128,17 @@ class Agent:
             elif resume:
                 conversation = store.open(resume)
             else:
+                earlier = recover_latest(store)  # what a killed run left, said now
                 conversation = store.new()
+            if settings.mcp:
+                mcp = McpTools(settings.mcp, os.path.abspath(workspace), conversation.folder)
+                await mcp.start()
         except BaseException:
             with trio.CancelScope(shield=True):
+                if mcp is not None:
+                    await mcp.close()
+                if conversation is not None:
+                    conversation.close()
                 if backend is not None:
                     await backend.aclose()
                 if own_client and client is not None:
@@ -119,8 +147,28 @@ class Agent:
         system = SYSTEM.format(workspace=backend.workspace, mode=MODE_NOTES[gate.mode],
                                network=network_words(config.network),
                                instructions=config.instructions, context=context)
-        return cls(model=model, backend=backend, conversation=conversation, gate=gate,
-                   config=config, system=system, client=client, own_client=own_client)
+        agent = cls(model=model, backend=backend, conversation=conversation, gate=gate,
+                    config=config, system=system, client=client, own_client=own_client)
+        if mcp is not None:
+            catalog = Catalog(TOOLS, renamed)
+            catalog.add(mcp.entries())
+            catalog.unavailable = mcp.failures()
+            # A resumed conversation's outside tools are declared again, in the order it
+            # first called them: the model goes on with the tools it was using.
+            catalog.activate(list(dict.fromkeys(
+                c.name for m in conversation.messages if isinstance(m, AssistantMessage)
+                for c in m.tool_calls if c.name in catalog.deferred)))
+            agent.toolbox = Toolbox(backend, catalog, mcp)
+            agent.notes = [f"toolsd agent: the MCP server {name} did not start: {why} (its "
+                           f"tools are not available)" for name, why in mcp.failures().items()]
+        elif renamed:
+            agent.toolbox = Toolbox(backend, Catalog(TOOLS, renamed))
+        gate.lookup = agent.toolbox.catalog.lookup
+        agent.diagnostics = Diagnostics(backend, settings.lsp)
+        agent.notes[:0] = earlier
+        # The endpoint's own report of its window, where it gives one (bounded: a probe).
+        agent.budget = await route_budget(config.context_tokens, model)
+        return agent
 
     async def __aenter__(self) -> Agent:
         return self
@@ -136,6 +184,7 @@ class Agent:
         self._closed = True
         with trio.CancelScope(shield=True):
             try:
+                await self.toolbox.aclose()  # the outside MCP servers
                 await self.backend.aclose()
             finally:
                 self.conversation.close()
@@ -147,6 +196,19 @@ class Agent:
         listener = self._listener or self.on_event
         if listener is not None:
             listener(event)
+
+    async def drain_diagnostics(self) -> None:
+        """The language servers' word on the files edited since the last request, as one
+        runtime message in the conversation (agent/diagnostics.py); nothing when none was."""
+        drained = await self.diagnostics.drain()
+        if drained is None:
+            return
+        text, checked = drained
+        self.conversation.append(UserMessage([Text(text)], attachment=True))
+        self._report("diagnostics", {"files": [
+            {"path": c.path, "server": c.server, "why": c.why,
+             "count": c.published.total if c.published is not None else None}
+            for c in checked]})
 
     def cancel(self) -> None:
         """Cancel the turn in flight (it ends `interrupted`); nothing if none is."""

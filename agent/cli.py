@@ -37,6 +37,8 @@ import os
 import signal
 import sys
 
+from agent import settings
+
 EXIT_CODES = {"completed": 0, "failed": 1, "budget_exhausted": 3, "interrupted": 130}
 DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -94,8 +96,8 @@ def add_parser(sub, common) -> None:
                         "off, no tool starts after it, the turn ends budget_exhausted "
                         "(default: 1800)")
     p.add_argument("--context-tokens", type=positive_int, metavar="N",
-                   help="the model's context window (default: known for hosted models, "
-                        "else 32768)")
+                   help="the model's context window (default: what the endpoint reports, "
+                        "else known for hosted models, else 32768)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--continue", dest="latest", action="store_true",
                        help="go on with this workspace's latest conversation")
@@ -109,6 +111,7 @@ def add_parser(sub, common) -> None:
     from toolsd.wire import egress  # loaded with the client already
 
     egress.add_allow_options(p)  # the session's network: off unless --allow
+    settings.add_arguments(p)  # --mcp, --config (agent/settings.py)
     p.set_defaults(func=cmd_agent)
 
 
@@ -167,7 +170,8 @@ def cmd_agent(args) -> int:
         return fail(str(e), 2)
     try:
         model = make_model(args)
-    except (UsageError, ModelError) as e:
+        args.settings = settings.load_settings(args)
+    except (UsageError, ModelError, settings.SettingsError) as e:
         return fail(str(e), 2)
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):  # a terminal that cannot show a character: `?`
@@ -267,7 +271,8 @@ class Run:
                                                    network=network_of(
                                                        args.allow, args.allow_preset,
                                                        args.allow_port)),
-                                socket=self.socket, resume=args.resume)
+                                socket=self.socket, resume=args.resume,
+                                settings=getattr(args, "settings", None))
                         except (ToolsdError, ConversationError, FileNotFoundError) as e:
                             term.say(f"toolsd agent: {getattr(e, 'message', None) or e}")
                             code = 1
@@ -292,6 +297,8 @@ class Run:
 
     async def _turns(self, reader) -> int:
         from agent.prompt_keys import ExitKey
+        from agent.models.limits import budget_label
+        from agent.offline import Inbox, PatientModel, start_lines
 
         term, agent = self.term, self.agent
         if agent.backend.sandbox == "none":
@@ -301,18 +308,22 @@ class Run:
         if interactive and sys.stdin.isatty():
             term.say(f"toolsd agent: {self.args.model}, {self.args.mode} mode, in "
                      f"{agent.backend.workspace} (conversation {agent.conversation.id}); "
-                     f"one prompt per line, Ctrl-D ends")
+                     f"{budget_label(agent.budget)}; one prompt per line, Ctrl-D ends")
+        inbox = Inbox(term, agent.model, agent.conversation.folder)
+        if interactive:  # a request waits out an endpoint that went away (agent/offline.py)
+            agent.model = PatientModel(agent.model, term.say)
+        for line in start_lines(agent.conversation.recovered, inbox.queue,
+                                interactive) + agent.notes:
+            term.say(line)
         code = 0
         while True:
             if interactive:
                 try:
-                    prompt = await term.ask_prompt()
+                    prompt = await inbox.next()  # the offline queue's, or the terminal's
                 except ExitKey:
                     return EXIT_CODES["interrupted"]
                 if prompt is None:
                     return code
-                if not prompt.strip():
-                    continue
             else:
                 prompt = " ".join(self.args.prompt)
             self.move(Phase.TURN)

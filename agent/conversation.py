@@ -208,8 +208,10 @@ class Conversation:
         return max(self.outcomes(), default=0) + 1
 
     def _recover(self) -> None:
+        self.recovered: list[int] = []  # turns found in flight, marked interrupted here
         for turn, outcome in self.outcomes().items():
             if not outcome:
+                self.recovered.append(turn)
                 self.answer_open_calls("the agent stopped before this call's result")
                 self.log("outcome", turn, outcome="interrupted",
                          reason="the agent process ended while the turn was in flight")

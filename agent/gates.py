@@ -19,7 +19,7 @@ from typing import Literal
 import msgspec
 
 from agent.code_writes import node_write, python_write
-from agent.history import ToolCall
+from agent.history import ToolCall, ToolSpec
 from agent.shell_writes import shell_write
 from agent.tools import READ_ONLY, spec
 
@@ -61,14 +61,22 @@ class Gate:
             raise ValueError("ask mode needs an approve callback (or use mode 'auto' or 'plan')")
         self.approve = approve
         self.always: set[str] = set()
+        # The tools beyond the built-in ones (agent/catalog.py: tool_search, outside servers'
+        # tools, legacy names), by name: what a call runs as. Set by the Agent.
+        self.lookup: Callable[[str], ToolSpec | None] = spec
 
     async def check(self, call: ToolCall) -> Decision:
-        if call.name in READ_ONLY or self.mode is Mode.AUTO:
+        tool = self.lookup(call.name)
+        if tool is not None and tool.name != call.name:  # a legacy name: gated as its tool
+            call = msgspec.structs.replace(call, name=tool.name)
+        outside = tool is not None and spec(tool.name) is None
+        if call.name in READ_ONLY or (outside and tool.read_only) or self.mode is Mode.AUTO:
             return Decision(True)
-        if call.error is not None or spec(call.name) is None:
+        if call.error is not None or tool is None:
             return Decision(True)  # nothing runs: the backend tells the model what is wrong
         if self.mode is Mode.PLAN:
-            reason = plan_refusal(call)
+            reason = (f"{call.name} is an outside server's tool that its server does not mark "
+                      f"read-only") if outside else plan_refusal(call)
             if reason is None:
                 return Decision(True)
             return Decision(False, f"Plan mode is read-only, and this would write ({reason}). "

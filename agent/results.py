@@ -34,6 +34,9 @@ class ToolOutcome(msgspec.Struct, frozen=True):
     text: str
     is_error: bool = False
     images: list[ImageRef] = []
+    # Files the call edited (the file tools say so): checked by their language servers
+    # before the next request (agent/diagnostics.py). run_terminal and repl name none.
+    edited: list[str] = []
 
 
 def quoted(value: str, limit: int = QUOTED_CHARS) -> str:

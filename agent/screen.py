@@ -26,7 +26,7 @@ from agent.gates import Declined
 
 __all__ = ["Glyphs", "UNICODE", "ASCII", "glyphs_for", "call_line", "result_line",
            "outcome_line", "spinner_line", "approval_question", "read_answer", "clip",
-           "printable", "host_exec_lines", "replaced_line"]
+           "printable", "host_exec_lines", "replaced_line", "diagnostics_line"]
 
 
 class Glyphs(msgspec.Struct, frozen=True):
@@ -216,3 +216,15 @@ def read_answer(text: str) -> bool | str | Declined | None:
     if because:
         return Declined(reason=because.group(1).strip())
     return None
+
+
+def diagnostics_line(event: dict) -> str:
+    """A `diagnostics` event: what the language servers said of the files edited, in short
+    (the model gets the whole of it)."""
+    parts = []
+    for f in event.get("files") or []:
+        count = f.get("count")
+        said = f"no diagnostics ({f.get('why')})" if count is None else \
+            _count(count, "problem")
+        parts.append(f"{f.get('path')}: {said}")
+    return "  (diagnostics: " + "; ".join(parts) + ")"

@@ -21,6 +21,8 @@ from agent.prompt_keys import CTRL_C, ExitKey, ctrl_c_ends_line
 from agent.screen import (
     approval_question,
     call_line,
+    clip,
+    diagnostics_line,
     glyphs_for,
     host_exec_lines,
     outcome_line,
@@ -142,6 +144,8 @@ class Terminal:
         elif kind == "refused":
             self.say("  (the model found the request too long: older messages are summarized "
                      "and it is asked again)")
+        elif kind == "diagnostics":
+            self.say(clip(diagnostics_line(event), width, g))
         elif kind == "request" and event.get("kind") == "final_report":
             self.say("  (the turn's step budget is spent: the model is asked for a report)")
 

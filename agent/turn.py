@@ -48,7 +48,6 @@ from agent.history import (
 )
 from agent.models.base import ContextOverflow, ModelError, ModelReply
 from agent.results import RESULT_CHARS, ToolOutcome, caption, clip_text
-from agent.tools import TOOLS
 
 if TYPE_CHECKING:
     from agent.agent import Agent
@@ -249,9 +248,10 @@ class TurnLoop:
 
     async def _send_in_time(self, *, max_tokens: int, kind: str) -> ModelReply:
         agent = self.agent
-        base = ModelRequest(system=agent.system, messages=[], tools=list(TOOLS),
+        base = ModelRequest(system=agent.system, messages=[], tools=agent.toolbox.tools(),
                             max_tokens=max_tokens)
         self.turn.steps += 1
+        await self.agent.drain_diagnostics()  # what edits since the last request caused
         refused = None
         while True:
             fitted = await fit_history(agent.model, self.conversation.messages, base,
@@ -264,6 +264,7 @@ class TurnLoop:
             self.log("request", kind=kind, step=self.turn.steps, messages=len(fitted.messages),
                      images=len(images), tokens_estimate=fitted.tokens,
                      budget=agent.budget.tokens, budget_guessed=agent.budget.guessed,
+                     budget_source=agent.budget.origin, budget_detail=agent.budget.detail,
                      compacted=fitted.summary is not None)
             self.streamed = []
             try:
@@ -364,7 +365,9 @@ class TurnLoop:
         if not decision.allowed:
             outcome = ToolOutcome(decision.message, is_error=True)
         else:
-            outcome = await self.backend.call(call)
+            outcome = await self.agent.toolbox.call(call)  # agent/toolbox.py
         self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                  is_error=outcome.is_error, images=[r.path for r in outcome.images])
+        for path in outcome.edited:
+            self.agent.diagnostics.file_edited(path)  # checked before the next request
         return outcome

@@ -59,8 +59,9 @@ def estimate_tokens(request: ModelRequest) -> int:
 
 
 def resolve_budget(configured: int | None, model: Model) -> ContextBudget:
+    """Without asking the endpoint (agent/models/probe.py route_budget does)."""
     if configured:
-        return ContextBudget(tokens=configured, guessed=False)
+        return ContextBudget(tokens=configured, source="configured", detail="context_tokens")
     return model.context_budget()
 
 
@@ -68,4 +69,5 @@ def budget_words(budget: ContextBudget) -> str:
     if budget.guessed:
         return (f"{budget.tokens} tokens (a guess: neither the config nor the provider said; "
                 f"set context_tokens)")
-    return f"{budget.tokens} tokens"
+    return f"{budget.tokens} tokens ({budget.origin}" + \
+        (f": {budget.detail})" if budget.detail else ")")

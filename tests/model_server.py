@@ -14,6 +14,10 @@ and a `toolsd agent` subprocess alike.
 
 A request for which no reply is left gets a 500 that says so (and the adapter's retries then
 fail with it), so a script that is too short shows up as a clear error, not a hang.
+
+A GET (an agent's probes: is the endpoint up, what window does it report) takes no step of
+the script: it is answered from `gets` (path -> reply; 404 for any other) and recorded in
+`probes`. `port` binds a chosen port: a server that comes back where an agent waits.
 """
 
 from __future__ import annotations
@@ -83,7 +87,10 @@ class ModelServer:
     """Resource handling: the listening socket and the serving thread are opened by
     `__enter__` and closed (the thread joined) by `__exit__`."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
+        self.port = port
+        self.gets: dict[str, Reply] = {}
+        self.probes: list[Recorded] = []
         self._script: list[Reply] = []
         self._holds: list[threading.Event] = []
         self.requests: list[Recorded] = []
@@ -118,6 +125,10 @@ class ModelServer:
             return list(self.requests)
 
     def _take(self, recorded: Recorded) -> Reply:
+        if recorded.method == "GET":
+            with self._lock:
+                self.probes.append(recorded)
+            return self.gets.get(recorded.path) or JSONReply(404, {"error": "not found"})
         with self._lock:
             self.requests.append(recorded)
             self._lock.notify_all()
@@ -192,7 +203,7 @@ class ModelServer:
         class Server(ThreadingHTTPServer):
             daemon_threads = False  # server_close joins every handler
 
-        self._httpd = Server(("127.0.0.1", 0), Handler)
+        self._httpd = Server(("127.0.0.1", self.port), Handler)
         # shutdown() is seen at the next poll: a short one keeps each test's end quick.
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
                                         name="model-server", daemon=True)

@@ -109,3 +109,14 @@ def test_a_replaced_session_is_one_line():
         "toolsd agent: session s3 was lost (session s3 was closed after 90 s without "
         "activity); going on in a fresh one, s4: its background processes (2) and REPL state "
         "are gone")
+
+
+def test_a_diagnostics_event_is_one_short_line():
+    from agent.screen import diagnostics_line
+
+    event = {"type": "diagnostics", "files": [
+        {"path": "a.py", "server": "pylsp", "why": "", "count": 2},
+        {"path": "b.ts", "server": "", "why": "no language server for typescript",
+         "count": None}]}
+    assert diagnostics_line(event) == ("  (diagnostics: a.py: 2 problems; b.ts: no "
+                                       "diagnostics (no language server for typescript))")

@@ -168,7 +168,8 @@ async def test_wrong_key_and_wrong_model(server):
 
 
 def test_context_budget():
-    assert AnthropicModel("claude-sonnet-4-5").context_budget() == ContextBudget(200_000)
+    assert AnthropicModel("claude-sonnet-4-5").context_budget() == \
+        ContextBudget(200_000, source="catalog", detail="claude-*")
     assert AnthropicModel("claude-x", context_tokens=1_000_000).context_budget() == \
-        ContextBudget(1_000_000)
+        ContextBudget(1_000_000, source="configured", detail="--context-tokens")
     assert AnthropicModel("glm-4.6").context_budget().guessed

@@ -290,7 +290,10 @@ async def test_a_request_over_the_context_window_says_so(server):
 
 
 def test_context_budget_from_argument_table_or_labelled_guess():
-    assert adapter("http://x/v1", context_tokens=8192).context_budget() == ContextBudget(8192)
-    assert OpenAIChatModel("gpt-4o-mini").context_budget() == ContextBudget(128_000)
-    assert OpenAIChatModel("openai/gpt-4.1").context_budget() == ContextBudget(1_047_576)
-    assert adapter("http://x/v1").context_budget() == ContextBudget(32_768, guessed=True)
+    assert adapter("http://x/v1", context_tokens=8192).context_budget() == \
+        ContextBudget(8192, source="configured", detail="--context-tokens")
+    assert OpenAIChatModel("gpt-4o-mini").context_budget() == \
+        ContextBudget(128_000, source="catalog", detail="gpt-4o*")
+    assert OpenAIChatModel("openai/gpt-4.1").context_budget().tokens == 1_047_576
+    assert adapter("http://x/v1").context_budget() == \
+        ContextBudget(32_768, guessed=True, source="fallback", detail="unknown model")

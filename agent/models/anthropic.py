@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.history import ImageRef, LoadedImage, ModelRequest, ToolCall
 from agent.models.base import ContextBudget, ModelError, ModelReply, Usage
+from agent.models import probe
 from agent.models.budget import context_budget
 from agent.models.stream import (
     as_dict,
@@ -176,6 +177,12 @@ class AnthropicModel:
 
     def context_budget(self) -> ContextBudget:
         return self._budget
+
+    async def unreachable(self) -> str | None:
+        """None when the endpoint answers (any HTTP status), else why not. (Its model list
+        reports no context window: the catalog says it.)"""
+        return await probe.unreachable(self._endpoint.url.removesuffix("/messages") + "/models",
+                                       self._endpoint.headers)
 
     async def complete(self, request: ModelRequest, images: Mapping[ImageRef, LoadedImage],
                        on_text: Callable[[str], None] | None = None) -> ModelReply:

@@ -37,10 +37,20 @@ class ModelError(Exception):
 
 
 class ContextBudget(msgspec.Struct, frozen=True):
-    """How many tokens the route takes; `guessed` when no config or provider said so."""
+    """How many tokens the route takes, and where that figure came from: `source` is
+    "configured" (`--context-tokens`, the agent's config), "endpoint" (the server's own
+    report), "catalog" (a table of known hosted models) or "fallback" (a guess; `guessed`
+    then); `detail` says which (the option, the field the server reported, the model's
+    prefix, why none applied). agent/models/limits.py words it for a person."""
 
     tokens: int
     guessed: bool = False
+    source: str = ""  # "" in a budget made by hand: "fallback" if guessed, else "configured"
+    detail: str = ""
+
+    @property
+    def origin(self) -> str:
+        return self.source or ("fallback" if self.guessed else "configured")
 
 
 class Model(Protocol):
@@ -62,3 +72,9 @@ class Model(Protocol):
 class ContextOverflow(ModelError):
     """The server refused the request as larger than the model's context window: the turn
     loop may compact the history and ask again."""
+
+
+class Unreachable(ModelError):
+    """Nothing answered at the endpoint (the connection was refused): nothing of the request
+    was sent, so it can be sent again as it is once the endpoint answers
+    (agent/offline.py)."""

@@ -29,14 +29,15 @@ _KNOWN: tuple[tuple[str, int], ...] = (
 
 def context_budget(model: str, configured: int | None = None) -> ContextBudget:
     """The configured size, else the table's for `model` (a gateway's `vendor/` prefix
-    ignored), else a guess marked `guessed`."""
+    ignored), else a guess marked `guessed`; each with its source. (What the endpoint itself
+    reports, asked at start, comes before the table: agent/models/probe.py.)"""
     if configured is not None:
         if configured <= 0:
             raise ValueError(f"a context size must be a positive number of tokens, "
                              f"not {configured}")
-        return ContextBudget(configured)
+        return ContextBudget(configured, source="configured", detail="--context-tokens")
     name = model.lower().rsplit("/", 1)[-1]
     for prefix, tokens in sorted(_KNOWN, key=lambda k: -len(k[0])):
         if name.startswith(prefix):
-            return ContextBudget(tokens)
-    return ContextBudget(GUESS_TOKENS, guessed=True)
+            return ContextBudget(tokens, source="catalog", detail=f"{prefix}*")
+    return ContextBudget(GUESS_TOKENS, guessed=True, source="fallback", detail="unknown model")

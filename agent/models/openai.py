@@ -17,6 +17,7 @@ from typing import Any
 
 from agent.history import ImageRef, LoadedImage, ModelRequest, ToolCall
 from agent.models.base import ContextBudget, ModelError, ModelReply, Usage
+from agent.models import probe
 from agent.models.budget import context_budget
 from agent.models.stream import (
     as_dict,
@@ -174,6 +175,20 @@ class OpenAIChatModel:
 
     def context_budget(self) -> ContextBudget:
         return self._budget
+
+    def _root(self) -> str:
+        return self._endpoint.url.removesuffix("/chat/completions")
+
+    async def reported_budget(self) -> ContextBudget | None:
+        """The window the server reports for this model: its model list (vLLM, OpenRouter,
+        LM Studio, Groq) or llama.cpp's /props; None when it says nothing."""
+        root = self._root()
+        urls = [root + "/models", root.removesuffix("/v1") + "/props"]
+        return await probe.reported_budget(urls, self._endpoint.headers, self.name)
+
+    async def unreachable(self) -> str | None:
+        """None when the endpoint answers (any HTTP status), else why not."""
+        return await probe.unreachable(self._root() + "/models", self._endpoint.headers)
 
     async def complete(self, request: ModelRequest, images: Mapping[ImageRef, LoadedImage],
                        on_text: Callable[[str], None] | None = None) -> ModelReply:

@@ -10,6 +10,7 @@ Errors:
 
     ModelError              final; the turn fails with its work kept
      +-- ContextOverflow    the request is over the model's window: compact and ask again
+     +-- Unreachable        the connection was refused: nothing was sent
     Transient               (internal) worth another try, until the policy gives up
 """
 
@@ -28,7 +29,7 @@ import httpx
 import msgspec
 import trio
 
-from agent.models.base import ContextOverflow, ModelError, ModelReply
+from agent.models.base import ContextOverflow, ModelError, ModelReply, Unreachable
 from agent.models.stream import SSEDecoder
 
 RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx; as the official SDKs retry
@@ -167,7 +168,9 @@ async def _post_once(client: httpx.AsyncClient, endpoint: Endpoint, body: dict[s
         raise Transient(f"no connection within {timeouts.connect_s:g} s",
                         connection=True) from None
     except httpx.ConnectError as e:
-        raise ModelError(_connect_failure(endpoint.url, e)) from None
+        refused = any(isinstance(c, ConnectionRefusedError) for c in causes(e))
+        raise (Unreachable if refused else ModelError)(_connect_failure(endpoint.url, e)) \
+            from None
     except httpx.ReadTimeout:
         raise ModelError(f"{endpoint.url} sent nothing for {timeouts.read_s:g} s; check that "
                          "the server is up and not overloaded, or allow a longer read timeout"
@@ -305,17 +308,17 @@ def _gave_up(endpoint: Endpoint, t: Transient, failures: int) -> str:
 
 
 def _connect_failure(url: str, e: httpx.ConnectError) -> str:
-    causes = list(_causes(e))
-    for cause in causes:
+    found = list(causes(e))
+    for cause in found:
         if isinstance(cause, socket.gaierror):
             return f"cannot find the host of {url} ({cause.strerror}); check the base URL"
-    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+    if any(isinstance(c, ConnectionRefusedError) for c in found):
         return (f"cannot connect to {url}: connection refused; check the base URL and that the "
                 "server is running")
     return f"cannot connect to {url} ({_one_line(str(e)) or type(e).__name__}); check the base URL"
 
 
-def _causes(e: BaseException):
+def causes(e: BaseException):
     """The exception, what it was raised from, and the members of any group among them (a
     refused connection reaches httpx as a group of one try per address)."""
     seen: set[int] = set()
