@@ -73,8 +73,8 @@ def add_parser(sub, common) -> None:
                     "prompt per line (Ctrl-D ends). Ctrl-C cancels a turn, twice exits.")
     p.add_argument("prompt", nargs="*", metavar="PROMPT",
                    help="what to do (words are joined); none: read prompts, one per line")
-    p.add_argument("--model", help="the model's name at the endpoint (required but with "
-                                    "--list)")
+    p.add_argument("--model", help="the model's name at the endpoint (default: none; "
+                                    "required but with --list)")
     p.add_argument("--base-url", metavar="URL",
                    help="the API root, e.g. http://127.0.0.1:8080/v1 for a local server "
                         "(default: OpenAI's, or Anthropic's with --api anthropic)")
@@ -103,7 +103,7 @@ def add_parser(sub, common) -> None:
                        help="go on with this workspace's latest conversation")
     which.add_argument("--resume", metavar="ID",
                        help="go on with that conversation of this workspace (or a prefix "
-                            "of its id; --list shows them)")
+                            "of its id; --list shows them; default: a new conversation)")
     which.add_argument("--list", action="store_true",
                        help="list this workspace's conversations and exit")
     p.add_argument("--json", action="store_true",

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from conftest import wait_gone
-from toolsd.client import ToolsdError
+from toolsd.client import AsyncClient, ToolsdError
 
 pytestmark = [pytest.mark.shared_daemon, pytest.mark.tls_daemon]
 

@@ -15,7 +15,7 @@ def add_parser(sub, common) -> None:
     p.add_argument("--since", type=int, default=0, metavar="N",
                    help="from entry N on (a previous call's `next`)")
     p.add_argument("--denied", action="store_true", help="only the refused connections")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the log as JSON (default: a table)")
     p.set_defaults(func=cmd_net)
 
 

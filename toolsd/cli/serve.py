@@ -39,10 +39,10 @@ def add_parser(sub, common) -> None:
                         "default: loopback only)")
     p.add_argument("--listen", action="append", default=[], metavar="tls://HOST:PORT",
                    help="also serve clients on other machines over TLS 1.3, with tokens "
-                        "(repeatable; docs/remote.md)")
+                        "(repeatable; docs/remote.md; default: the Unix socket only)")
     p.add_argument("--tls-cert", metavar="PEM", help="the certificate for --listen (default: "
                    "a self-signed one made in the state folder at first start)")
-    p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert (default: the self-signed one's)")
     p.add_argument("--tokens", metavar="FILE",
                    help="lines `TENANT TOKEN` or `TENANT sha256:HEX`, readable by you alone "
                         "(default: one token for tenant `default`, made in the state folder)")

@@ -19,7 +19,8 @@ def add_parser(sub, common) -> None:
     p = sub.add_parser("token", parents=[common],
                        help="print the URL, token and fingerprint a remote client needs")
     p.add_argument("--state-dir", help="the daemon's state folder (default: beside the socket)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print the URL, token and fingerprint as one JSON object")
     p.set_defaults(func=cmd_token)
 
 

@@ -45,15 +45,15 @@ def add_allow_options(parser) -> None:
         "--allow", action="append", default=[], metavar="NAME",
         help="let the session reach this host name (docs.example.org), the names under a "
              "suffix (*.example.org) or a CIDR (192.0.2.0/24), on ports 80 and 443, through a "
-             "proxy the daemon runs; everything else stays refused (repeatable)")
+             "proxy the daemon runs; everything else stays refused (repeatable; default: none, no network)")
     parser.add_argument(
         "--allow-preset", action="append", default=[], metavar="PRESET",
         choices=sorted(PRESETS),
         help=f"--allow the hosts of a package ecosystem: {', '.join(sorted(PRESETS))} "
-             f"(docs/sandbox.md lists them; repeatable)")
+             f"(docs/sandbox.md lists them; repeatable; default: none)")
     parser.add_argument(
         "--allow-port", action="append", default=[], metavar="PORT", type=int,
-        help="a port the allowed names may be reached on, besides 80 and 443 (repeatable)")
+        help="a port the allowed names may be reached on, besides 80 and 443 (repeatable; default: none)")
 
 
 class NetworkRule(Struct):
