@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Final, Generic, TypeVar
 import msgspec
 import trio
 
+from toolsd.daemon import file_methods as fm
 from toolsd.tools import images, processes, repl, shell
+from toolsd.wire import files as fw
 from toolsd.tools.calls import Answer, Detached
 from toolsd.wire.process_input import (
     ProcessResizeParams,
@@ -208,6 +210,14 @@ METHODS: Final[dict[str, Method]] = {
     "process.resize": Method(ProcessResizeParams, process_resize),
     "process.list": Method(ProcessListParams, process_list),
     "image.read": Method(ImageReadParams, image_read),
+    "file.read": Method(fw.FileReadParams, fm.file_read),
+    "file.write": Method(fw.FileWriteParams, fm.file_write),
+    "file.list": Method(fw.FileListParams, fm.file_list),
+    "file.stat": Method(fw.FileStatParams, fm.file_stat),
+    "file.mkdir": Method(fw.FileMkdirParams, fm.file_mkdir),
+    "file.remove": Method(fw.FileRemoveParams, fm.file_remove),
+    "file.rename": Method(fw.FileRenameParams, fm.file_rename),
+    "file.watch": Method(fw.FileWatchParams, fm.file_watch, takes_answer=True),
 }
 
 
