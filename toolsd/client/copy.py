@@ -64,9 +64,22 @@ async def _pool(jobs: Iterator, worker: Callable, parallel: int) -> None:
         for job in jobs:  # a shared iterator: trio runs one task at a time
             await worker(job)
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(max(1, parallel)):
-            nursery.start_soon(run)
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(max(1, parallel)):
+                nursery.start_soon(run)
+    except BaseExceptionGroup as group:
+        # The first failure is the copy's: the others are the workers it cancelled.
+        raise _first(group) from None
+
+
+def _first(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        import trio
+
+        real = [e for e in error.exceptions if not isinstance(e, trio.Cancelled)]
+        error = (real or error.exceptions)[0]
+    return error
 
 
 def _quote(text: str) -> str:
