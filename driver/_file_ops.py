@@ -13,6 +13,9 @@ import stat
 MAX_READ = 8 << 20
 # Bytes of a file moved through the helper per system call.
 CHUNK = 1 << 20
+# A read part up to this size comes inline in the reply; a larger one is read by the daemon
+# from the file descriptor we pass it (see read).
+INLINE_MAX = 256 << 10
 # Room a listing's entries may take in their reply: past it the listing is truncated.
 LIST_BUDGET = 6 << 20
 TEMP_PREFIX = ".toolsd-"
@@ -130,7 +133,10 @@ def _regular(fd, shown):
 
 
 def read(view, req):
-    """(result, data): at most MAX_READ bytes from `offset`."""
+    """(result, data, fd): at most MAX_READ bytes from `offset`. A part larger than
+    INLINE_MAX is not read here: the file, opened here with the session's view and rights,
+    goes to the daemon (`fd`, for the caller to pass and close), which reads the part itself
+    in one go instead of through our socket in many small handoffs."""
     shown, real = view.resolve(req["path"])
     offset = req.get("offset") or 0
     length = req.get("length")
@@ -142,6 +148,12 @@ def read(view, req):
     try:
         st = _regular(fd, shown)
         want = max(0, min(want, st.st_size - offset))
+        result = {"size": st.st_size, "mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime}
+        if want > INLINE_MAX:
+            result["eof"] = False  # the daemon says, once it has read
+            result["fd"] = True
+            passed, fd = fd, None
+            return result, b"", passed
         data = bytearray(want)
         got = 0
         view_ = memoryview(data)
@@ -156,9 +168,10 @@ def read(view, req):
     except OSError as e:
         raise fail(e, shown, "read")
     finally:
-        os.close(fd)
-    return ({"size": size, "eof": offset + got >= size, "mode": stat.S_IMODE(st.st_mode),
-             "mtime": st.st_mtime}, data)
+        if fd is not None:
+            os.close(fd)
+    result.update(size=size, eof=offset + got >= size)
+    return result, data, None
 
 
 def _check_limit(view, shown, end):

@@ -9,7 +9,9 @@ on the next call.
 Frames both ways: 4-byte big-endian length of a JSON header, 4-byte length of raw data, the
 header, the data. The daemon sends {"id", "op", ...} (data: a write's bytes, streamed to the
 file as it arrives, never held whole); the helper answers {"id", "ok": {...}} or
-{"id", "error": {"code", "message"}} (data: a read's bytes), and for a watch sends
+{"id", "error": {"code", "message"}} (data: a read's bytes; or, for a large part, `"fd": true`
+in the result and the file's descriptor by SCM_RIGHTS, which the daemon reads), and for a
+watch sends
 {"id", "events": [[kind, path, to], ...], "dropped": n} until the watch ends. The first frame
 is the daemon's config; the helper answers it with its pid (and its pidfd by SCM_RIGHTS).
 Requests are served one at a time, in order; watches are served between them.
@@ -96,9 +98,10 @@ def serve_one(channel, view, watcher, meta, size):
     op = meta.get("op")
     chunks = channel.data(size)
     data = b""
+    passed = None
     try:
         if op == "read":
-            result, data = ops.read(view, meta)
+            result, data, passed = ops.read(view, meta)
         elif op == "write":
             meta["size"] = size
             result = ops.write(view, meta, chunks)
@@ -139,7 +142,12 @@ def serve_one(channel, view, watcher, meta, size):
     finally:
         for _rest in chunks:
             pass  # what an operation that failed early did not read
-    channel.send({"id": rid, "ok": result}, data)
+    try:
+        channel.send({"id": rid, "ok": result}, data, fds=[passed] if passed is not None
+                     else ())
+    finally:
+        if passed is not None:
+            os.close(passed)
 
 
 def send_events(channel, watcher):

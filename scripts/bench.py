@@ -341,6 +341,8 @@ SECTIONS = {
     "load": section("bench_load", "bench_load", "sessions", "clients"),
     "home": section("bench_home", "bench_home"),
     "big-workspace": section("bench_home", "bench_big_workspace"),
+    "files-cp": section("bench_files", "bench_cp"),
+    "files-read": section("bench_files", "bench_read"),
 }
 
 

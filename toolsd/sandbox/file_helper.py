@@ -14,11 +14,13 @@ are checked before anything is read, a malformed frame ends that helper.
 from __future__ import annotations
 
 import array
+import collections
 import itertools
 import logging
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 from collections.abc import Callable, Mapping
@@ -52,6 +54,7 @@ SEND_TIMEOUT_S = 60.0
 _CODES = {NOT_FOUND, IO_ERROR, LIMIT_EXCEEDED, BAD_PARAMS}
 _RECV = 1 << 16
 READ_SLOTS = 4
+MAX_FDS_QUEUED = 64
 
 
 class _Error(msgspec.Struct):
@@ -73,13 +76,14 @@ _encode = msgspec.json.Encoder().encode
 
 
 class _Waiter:
-    __slots__ = ("done", "reply", "data", "on_events")
+    __slots__ = ("done", "reply", "data", "on_events", "fd")
 
     def __init__(self, on_events: Callable[[list, int], None] | None = None):
         self.done = trio.Event()
         self.reply: _Reply | None = None
         self.data = b""
         self.on_events = on_events  # a watch's: called with each batch; never awaits
+        self.fd: int | None = None  # a file the helper opened for us to read (see _read_fd)
 
 
 class FileHelper:
@@ -96,6 +100,7 @@ class FileHelper:
         self._start_lock = trio.Lock()
         self._send_lock = trio.Lock()
         self._why_gone = ""
+        self._fds: collections.deque[int] = collections.deque()  # received, not yet claimed
         # Reads whose data the daemon may hold at once (each up to MAX_READ): the rest wait.
         self.read_slots = trio.Semaphore(READ_SLOTS)
 
@@ -173,6 +178,12 @@ class FileHelper:
         if reply.error is not None:
             code = reply.error.code if reply.error.code in _CODES else IO_ERROR
             raise ToolsdError(code, reply.error.message)
+        if reply.ok is not None and reply.ok.get("fd") is True:
+            if waiter.fd is None:
+                raise ToolsdError(IO_ERROR, "the session's file helper answered a read "
+                                  "without its file; try again")
+            return await _read_fd(waiter.fd, reply.ok, int(meta.get("offset") or 0),
+                                  min(int(meta.get("length") or MAX_READ), MAX_READ))
         return reply.ok or {}, waiter.data
 
     async def stop_watch(self, rid: int) -> None:
@@ -252,15 +263,25 @@ class FileHelper:
                 fds = array.array("i")
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
                 for fd in fds:
-                    if self._pidfd is None and sock is self._sock:
-                        self._pidfd = fd  # the helper's, with its hello
+                    # In order: each goes to the frame that says it brought one (the
+                    # descriptor comes with the frame's first byte, before its header is whole).
+                    if len(self._fds) < MAX_FDS_QUEUED and sock is self._sock:
+                        self._fds.append(fd)
                     else:
                         os.close(fd)
         buf += data
         return bool(data)
 
     def _deliver(self, reply: _Reply, data: bytes) -> None:
+        fd = None
+        if reply.ok is not None and (reply.ok.get("fd") is True or reply.id == 0):
+            fd = self._fds.popleft() if self._fds else None
+            if reply.id == 0 and self._pidfd is None:
+                self._pidfd, fd = fd, None  # the helper's own, with its hello
         waiter = self._waiters.get(reply.id)
+        if fd is not None and (waiter is None or reply.ok.get("fd") is not True):
+            os.close(fd)
+            fd = None
         if waiter is None:
             return  # its caller gave up
         if reply.events is not None and waiter.on_events is not None:
@@ -272,6 +293,7 @@ class FileHelper:
             return  # events only
         waiter.reply = reply
         waiter.data = data
+        waiter.fd = fd
         waiter.done.set()
 
     def _gone(self, sock: socket.socket, why: str) -> None:
@@ -289,8 +311,40 @@ class FileHelper:
             self._pidfd = None
         trio.lowlevel.notify_closing(sock)
         sock.close()
+        while self._fds:
+            os.close(self._fds.popleft())
         for waiter in self._waiters.values():
             waiter.done.set()
+
+
+async def _read_fd(fd: int, result: dict, offset: int, length: int) -> tuple[dict, bytes]:
+    """A part of a file the helper opened for us (its descriptor: closed here), read in a
+    worker thread in one go."""
+    def work() -> tuple[dict, bytes]:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolsdError(IO_ERROR, "the session's file helper passed something that "
+                                  "is not a regular file")
+            want = max(0, min(length, st.st_size - offset))
+            data = bytearray(want)
+            view = memoryview(data)
+            got = 0
+            while got < want:
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if n == 0:
+                    break  # it shrank meanwhile
+                got += n
+            view.release()
+            del data[got:]
+            size = os.fstat(fd).st_size
+        except OSError as e:
+            raise ToolsdError(IO_ERROR, f"reading the file failed: {e.strerror}") from None
+        finally:
+            os.close(fd)
+        return {**result, "size": size, "eof": offset + got >= size}, data
+
+    return await trio.to_thread.run_sync(work)
 
 
 async def _send_all(sock: socket.socket, data: bytes) -> None:
