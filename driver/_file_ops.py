@@ -110,6 +110,14 @@ def fail(e, shown, doing):
     return FileError("io_error", "cannot %s %s: %s" % (doing, shown, why))
 
 
+def _is_text(name):
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def entry(shown, st, real=None):
     kind = _KINDS.get(stat.S_IFMT(st.st_mode), "other")
     target = None
@@ -324,8 +332,8 @@ def listing(view, req):
         below = []
         for item in found:
             child = os.path.join(real_dir, item.name)
-            if view.is_hidden(child):
-                continue
+            if view.is_hidden(child) or not _is_text(item.name):
+                continue  # hidden; or a name the wire cannot carry (not UTF-8)
             try:
                 st = item.stat(follow_symlinks=False)
             except OSError:

@@ -77,7 +77,10 @@ class Channel:
             yield chunk
 
     def send(self, meta, data=b"", fds=()):
-        head = json.dumps(meta, separators=(",", ":")).encode()
+        # A lone surrogate (a file name that is not UTF-8) cannot travel as text: it becomes
+        # "?" rather than a header the daemon would refuse.
+        head = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode(
+            "utf-8", "replace")
         frame = HEADER.pack(len(head), len(data)) + head
         if fds:
             sent = self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
