@@ -5,9 +5,11 @@ rule of the session's view (a read-only mount refuses, a path outside the view i
 this module adds the one the mounts cannot say: a hidden path is absent, not an empty folder.
 """
 
-import errno
+import itertools
 import os
 import stat
+
+from _file_view import FileError, View, fail  # noqa: F401 (the helper's names for them)
 
 # The most one read returns (the contract's 8 MiB per file.read).
 MAX_READ = 8 << 20
@@ -19,95 +21,8 @@ INLINE_MAX = 256 << 10
 # Room a listing's entries may take in their reply: past it the listing is truncated.
 LIST_BUDGET = 6 << 20
 TEMP_PREFIX = ".toolsd-"
+_TEMPS = itertools.count(os.getpid() << 20)
 _KINDS = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink"}
-
-
-class FileError(Exception):
-    def __init__(self, code, message):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _inside(path, folder):
-    return path == folder or folder == "/" or path.startswith(folder + "/")
-
-
-class View:
-    """The session's view: its workspace and what is hidden in it (from the daemon's plan of
-    the sandbox's mounts), its file size limit and umask."""
-
-    def __init__(self, config):
-        self.workspace = config["workspace"]
-        self.hidden = tuple(config.get("hidden") or ())
-        # Hidden folders that contain the workspace: hidden except for the workspace itself.
-        self.outer = tuple(config.get("outer_hidden") or ())
-        self.file_limit = int(config["file_limit"])
-        mask = os.umask(0)
-        os.umask(mask)
-        self.umask = mask
-
-    def is_hidden(self, real):
-        if any(_inside(real, h) for h in self.hidden):
-            return True
-        return any(_inside(real, h) and not _inside(real, self.workspace) for h in self.outer)
-
-    def shown(self, path):
-        """The path as the caller gave it, made absolute and normalised: what replies name."""
-        if not path.startswith("/"):
-            path = os.path.join(self.workspace, path)
-        norm = os.path.normpath(path)
-        return "/" + norm.lstrip("/")
-
-    def resolve(self, path, follow=True):
-        """(shown path, real path). `follow`: symlinks resolved to the end; else the last
-        component is kept as a name (stat, remove, rename act on a link itself). `..` is
-        resolved as the kernel does, inside the sandbox: it cannot climb above its /."""
-        shown = self.shown(path)
-        full = path if path.startswith("/") else os.path.join(self.workspace, path)
-        parent, name = os.path.split(full.rstrip("/") or "/")
-        if follow or name in ("", ".", "..") or full.endswith("/"):
-            real = os.path.realpath(full)
-        else:
-            real = os.path.join(os.path.realpath(parent or "/"), name)
-        if self.is_hidden(real):
-            raise FileError("not_found", "%s: No such file or directory (as the session's own "
-                            "commands see it); check the path" % shown)
-        return shown, real
-
-
-def fail(e, shown, doing):
-    """The FileError for OSError `e`, met while `doing` `shown`."""
-    code = e.errno
-    if code in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-        return FileError("not_found", "%s: %s (as the session's own commands see it); check "
-                         "the path" % (shown, os.strerror(code)))
-    if code == errno.EROFS:
-        return FileError("io_error", "cannot %s %s: read-only file system (the session was "
-                         "opened with writable: false, or the path is on a read-only mount)"
-                         % (doing, shown))
-    if code == errno.EFBIG:
-        return FileError("limit_exceeded", "cannot %s %s: over the session's file size limit"
-                         % (doing, shown))
-    if code in (errno.EACCES, errno.EPERM):
-        why = "permission denied"
-    elif code in (errno.ENOSPC, errno.EDQUOT):
-        why = "no space left on device"
-    elif code == errno.EISDIR:
-        why = "it is a directory"
-    elif code == errno.ENOTEMPTY:
-        why = "the folder is not empty (pass recursive: true to remove it with its contents)"
-    elif code == errno.EEXIST:
-        why = "it already exists"
-    elif code == errno.ENAMETOOLONG:
-        return FileError("bad_params", "%s: file name too long" % shown)
-    elif code == errno.EXDEV:
-        why = "source and destination are on different mounts"
-    elif code == errno.EBUSY:
-        why = "it is a mount point of the sandbox"
-    else:
-        why = os.strerror(code) if code else str(e)
-    return FileError("io_error", "cannot %s %s: %s" % (doing, shown, why))
 
 
 def _is_text(name):
@@ -198,8 +113,9 @@ def write(view, req, chunks):
     mode = req.get("mode")
     folder = os.path.dirname(real)
     try:
-        if req.get("parents", True):
+        if req.get("parents", True) and folder not in view.made_dirs:
             _makedirs(view, folder, shown)
+            view.made_dirs.add(folder)
         if offset is None and not append:
             return _replace(view, real, shown, size, mode, chunks)
         flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
@@ -244,9 +160,13 @@ def _replace(view, real, shown, size, mode, chunks):
     if mode is None:
         mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~view.umask
     folder, name = os.path.split(real)
-    temp = os.path.join(folder, "%s%s.%s" % (TEMP_PREFIX, name[:200], os.urandom(6).hex()))
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    temp = os.path.join(folder, "%s%s.%d" % (TEMP_PREFIX, name[:200], next(_TEMPS)))
+    try:
+        fd = os.open(temp, flags, 0o600)
+    except FileExistsError:  # left by an earlier helper (pids repeat in a sandbox)
+        temp = os.path.join(folder, "%s%s.%s" % (TEMP_PREFIX, name[:200], os.urandom(8).hex()))
+        fd = os.open(temp, flags, 0o600)
     try:
         try:
             for chunk in chunks:

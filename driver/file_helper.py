@@ -204,7 +204,10 @@ def main():
             poller.register(watcher.fd, select.POLLIN)
             registered = True
         if not channel.buf:
-            ready = dict(poller.poll(MOVE_PAIR_MS if watcher.pending else None))
+            ready = dict(poller.poll(0))
+            if not ready:
+                view.forget()  # a burst is over: see View._real_dirs
+                ready = dict(poller.poll(MOVE_PAIR_MS if watcher.pending else None))
             if watcher.fd is not None and watcher.fd in ready:
                 watcher.read()
             elif not ready:

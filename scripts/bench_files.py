@@ -47,6 +47,10 @@ def _run(argv, **options) -> float:
     return time.perf_counter() - t
 
 
+ROUNDS = 2  # of tar | tar, cp in, cp out, alternating: the disk's speed drifts (journal
+# commits, discards, other processes' I/O), so each gets the best of its rounds
+
+
 def bench_cp() -> None:
     with running_daemon("--no-warm-spare") as (sock, root, _proc):
         workspace = os.path.join(root, "ws")
@@ -55,23 +59,23 @@ def bench_cp() -> None:
         size = make_tree(source)
         env = {**os.environ, "TOOLSD_SOCKET": sock}
         cp = [sys.executable, "-m", "toolsd", "cp", "--quiet"]
+        best = {"tar": float("inf"), "up": float("inf"), "down": float("inf")}
         with Client(sock) as c:
             session = c.session_open(workspace)["session"]
             c.file_stat(session, ".")  # its file helper runs
-            subprocess.run(["sync"], check=True)
-            tar_dest = os.path.join(root, "tarred")
-            os.makedirs(tar_dest)
-            tar = _run(f"tar -C {source} -cf - . | tar -C {tar_dest} -xf -", shell=True)
-            subprocess.run(["sync"], check=True)
-            up = _run([*cp, source, f"{session}:copy"], env=env)
-            subprocess.run(["sync"], check=True)
-            down = _run([*cp, f"{session}:copy", os.path.join(root, "back")], env=env)
-            subprocess.run(["sync"], check=True)
-            os.makedirs(os.path.join(root, "tar2"))
-            tar_again = _run(f"tar -C {source} -cf - . | tar -C {os.path.join(root, 'tar2')} "
-                             f"-xf -", shell=True)
+            for n in range(ROUNDS):
+                subprocess.run(["sync"], check=True)
+                tar_dest = os.path.join(root, f"tarred{n}")
+                os.makedirs(tar_dest)
+                best["tar"] = min(best["tar"], _run(
+                    f"tar -C {source} -cf - . | tar -C {tar_dest} -xf -", shell=True))
+                subprocess.run(["sync"], check=True)
+                best["up"] = min(best["up"], _run([*cp, source, f"{session}:copy{n}"], env=env))
+                subprocess.run(["sync"], check=True)
+                best["down"] = min(best["down"], _run(
+                    [*cp, f"{session}:copy{n}", os.path.join(root, f"back{n}")], env=env))
             c.session_close(session)
-    tar = min(tar, tar_again)
+    tar, up, down = best["tar"], best["up"], best["down"]
     mb = size / 1e6
     report(f"toolsd cp of {FILES} files ({mb:.0f} MB) into a session",
            f"{FILES / up:8.0f} files/s",
