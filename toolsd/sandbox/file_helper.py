@@ -78,7 +78,7 @@ _encode = msgspec.json.Encoder().encode
 class _Waiter:
     __slots__ = ("done", "reply", "data", "on_events", "fd")
 
-    def __init__(self, on_events: Callable[[list, int], None] | None = None):
+    def __init__(self, on_events: Callable[[list, int, bool], None] | None = None):
         self.done = trio.Event()
         self.reply: _Reply | None = None
         self.data = b""
