@@ -328,3 +328,30 @@ def test_helper_killed_from_inside_comes_back(daemon, client, session):
     assert client.file_read(session, "f")["data"] == b"1"
     assert [p.pid for p in helpers(daemon)] != [first.pid]
 
+
+
+@pytest.mark.fresh_daemon
+def test_unsandboxed_session_still_keeps_file_calls_out_of_the_daemons_folders(daemon_root):
+    """Without bubblewrap nothing is mounted over the daemon's folders: the helper's own
+    check is what keeps file calls out of them (the rest of the host is as visible as to the
+    session's commands: docs/sandbox.md, "Without bubblewrap")."""
+    from test_no_sandbox import path_without_bwrap
+
+    d = RunningDaemon(daemon_root)
+    d.env["PATH"] = path_without_bwrap(daemon_root)
+    d.start()
+    try:
+        with d.client() as client:
+            opened = client.session_open(d.workspace)
+            assert opened["sandbox"] == "none"
+            session = opened["session"]
+            assert client.file_write(session, "f", b"plain") == {"size": 5}
+            assert content(os.path.join(d.workspace, "f")) == b"plain"
+            assert os.listdir(d.state_dir)  # it is there, on the host
+            for path in (d.state_dir, os.path.dirname(d.socket)):
+                assert error_of(lambda: client.file_list(session, path)).code == "not_found"
+                e = error_of(lambda: client.file_write(session, path + "/x", b"x"))
+                assert e.code == "not_found"
+            client.session_close(session)
+    finally:
+        assert d.stop() == 0, d.read_log()
