@@ -11,3 +11,4 @@ LAUNCHER_PY = os.path.join(DRIVER_DIR, "launcher.py")
 PYTHON_REPL = os.path.join(DRIVER_DIR, "python_repl.py")
 NODE_REPL = os.path.join(DRIVER_DIR, "node_repl.js")
 PORT_CONNECT = os.path.join(DRIVER_DIR, "port_connect.py")  # loaded by the launcher
+FILE_HELPER_PY = os.path.join(DRIVER_DIR, "file_helper.py")

@@ -344,6 +344,8 @@ SECTIONS = {
     "ports": section("bench_ports", "bench_ports"),
     "remote": section("bench_remote", "bench_remote"),
     "egress": section("bench_egress", "bench_egress"),
+    "files-cp": section("bench_files", "bench_cp"),
+    "files-read": section("bench_files", "bench_read"),
 }
 
 

@@ -53,7 +53,7 @@ def sha256_in_session(client, session, path: str) -> str:
 
 def test_hello_lists_the_features_built(client):
     assert client.hello()["features"] == ["spill", "cwd", "figures", "tty", "stdin", "stream",
-                                          "ports", "tcp", "tenants", "egress"]
+                                          "ports", "tcp", "tenants", "egress", "files", "watch"]
 
 
 def test_a_cut_output_is_kept_whole_in_a_file(client, session):

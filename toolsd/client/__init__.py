@@ -16,6 +16,10 @@ on_event=fn)`) asks for the request's events and calls `fn(event)` with each, in
 caller's own thread or task, before returning the result; `AsyncClient.stream(method, ...)`
 gives them as an async iterator instead. An `Event` has `event` ("output") and `data` (text).
 
+Files (protocol 1.2): `file_read`, `file_write`, ... are the contract's calls; `upload(local,
+session, remote)` and `download(session, remote, local)` copy files and whole folders, many
+files at once and big ones in parts (client/copy.py).
+
 Connecting: when the daemon's queue of connections waiting to be accepted is full (a burst of
 clients, or a daemon that does not accept), the kernel refuses a connect at once (EAGAIN). Both
 clients then try again, with short pauses, for up to CONNECT_WAIT_S (a blocking Client with a
@@ -24,9 +28,10 @@ shorter `timeout`: that long), and raise ConnectionLost saying so if the queue s
 
 from toolsd.client.asynchronous import AsyncClient, StreamingCall
 from toolsd.client.blocking import Client
+from toolsd.client.copy import CopyStats
 from toolsd.client.core import CONNECT_WAIT_S, ConnectionLost
 from toolsd.wire.events import Event
 from toolsd.wire.protocol import ToolsdError
 
 __all__ = ["Client", "AsyncClient", "StreamingCall", "Event", "ToolsdError", "ConnectionLost",
-           "CONNECT_WAIT_S"]
+           "CONNECT_WAIT_S", "CopyStats"]

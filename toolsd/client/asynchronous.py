@@ -7,6 +7,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from toolsd.client import copy
 from toolsd.client.core import (
     CANCEL_SEND_S,
     CONNECT_WAIT_S,
@@ -123,6 +124,14 @@ class AsyncClient(Methods):
         cancel = self._proto.abandon(request_id)
         if cancel is not None:
             await self._io.send_regardless(cancel, self._send_lock)
+
+    async def upload(self, local: str, session: str, remote: str, **options: Any):
+        """Copy a local file or folder into the session (client/copy.py; trio only)."""
+        return await copy.upload(self, local, session, remote, **options)
+
+    async def download(self, session: str, remote: str, local: str, **options: Any):
+        """Copy a file or folder of the session here (client/copy.py; trio only)."""
+        return await copy.download(self, session, remote, local, **options)
 
     async def aclose(self) -> None:
         await self._io.aclose()

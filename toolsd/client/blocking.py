@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from toolsd.client import copy
+from toolsd.client.copy import CopyStats
 from toolsd.client.core import (
     CONNECT_WAIT_S,
     RECV_SIZE,
@@ -112,6 +114,16 @@ class Client(Methods):
             return fn(*args)
         except OSError as e:  # includes the timeout given to the constructor
             raise ConnectionLost(f"no answer from toolsd at {self.socket_path} ({e})") from None
+
+    def upload(self, local: str, session: str, remote: str, **options: Any) -> CopyStats:
+        """Copy a local file or folder into the session (client/copy.py, under trio)."""
+        return copy.run_blocking(self.socket_path, copy.upload, local, session, remote,
+                                 **options)
+
+    def download(self, session: str, remote: str, local: str, **options: Any) -> CopyStats:
+        """Copy a file or folder of the session here (client/copy.py, under trio)."""
+        return copy.run_blocking(self.socket_path, copy.download, session, remote, local,
+                                 **options)
 
     def close(self) -> None:
         self._sock.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from toolsd.wire import ports, process_input, protocol
+from toolsd.wire import files, ports, process_input, protocol
 
 # Options of the client itself, not of the method.
 CLIENT_OPTIONS = frozenset({"on_event"})
@@ -25,6 +25,13 @@ _PARAMS: dict[str, type[msgspec.Struct]] = {
     "process.write": process_input.ProcessWriteParams,
     "image.read": protocol.ImageReadParams,
     "port.forward": ports.PortForwardParams,
+    "file.read": files.FileReadParams,
+    "file.write": files.FileWriteParams,
+    "file.list": files.FileListParams,
+    "file.mkdir": files.FileMkdirParams,
+    "file.remove": files.FileRemoveParams,
+    "file.rename": files.FileRenameParams,
+    "file.watch": files.FileWatchParams,
 }
 _NAMES = {method: frozenset(f.encode_name for f in msgspec.structs.fields(params))
           for method, params in _PARAMS.items()}

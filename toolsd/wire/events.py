@@ -14,12 +14,17 @@ OUTPUT = "output"
 EVENT_MAX_BYTES = 64 * 1024
 
 
-class Event(msgspec.Struct):
-    """One event of a streaming request: `data` is output rendered as `output` is."""
+class Event(msgspec.Struct, omit_defaults=True):
+    """One event of a streaming request: `data` is output rendered as `output` is; a
+    file.watch's ("file", protocol 1.2, data "") has `kind`, `path` and, for a move, `to`.
+    Output events go out as {id, event, data} only."""
 
     id: int
     event: str
     data: str
+    kind: str | None = None
+    path: str | None = None
+    to: str | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -26,7 +26,7 @@ DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
 FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "ports", "tcp", "tenants",
-            "egress")
+            "egress", "files", "watch")
 
 Seconds = Annotated[float, Meta(gt=0)]
 NonNegSeconds = Annotated[float, Meta(ge=0)]
