@@ -217,3 +217,13 @@ class Channel:
         """Close both sockets (the spawn one first); idempotent."""
         self._spawn_sock.close()
         self._sock.close()
+
+
+def listeners_of(msg: Listening, fds: list[int]) -> dict[str, socket.socket]:
+    """The sockets a `listening` message carries (the egress proxy's, made inside the
+    sandbox's network namespace), by their "kind:port" names; LauncherError if it failed."""
+    if msg.error or len(fds) != len(msg.names):
+        close_all(fds)
+        raise LauncherError(f"the sandbox could not listen for its egress proxy: "
+                            f"{msg.error or 'sockets missing'}")
+    return {name: socket.socket(fileno=fd) for name, fd in zip(msg.names, fds)}

@@ -23,7 +23,7 @@ from toolsd.runtime import threads
 from toolsd.sandbox import proctree
 from toolsd.sandbox.channel import (Channel, Connected, Done, Exited, Failed, FromLauncher,
                                     Listening, Pong, Ready, Started, close_all,
-                                    connect_message, ping_message, spawn_message)
+                                    connect_message, listeners_of, ping_message, spawn_message)
 from toolsd.sandbox.connects import Connects
 from toolsd.sandbox.errors import LauncherDied, LauncherError, LauncherLimit
 from toolsd.sandbox.job import Job, JobState
@@ -34,16 +34,14 @@ __all__ = ["Launcher", "Job", "LauncherError", "LauncherLimit", "LauncherDied", 
 
 log = logging.getLogger("toolsd.launcher")
 
-# How long aclose lets the launcher end its own tree (it does so on EOF, and reaps what it
-# kills, so nothing is left as a zombie) before killing everything from the host.
+# How long aclose lets the launcher end (and reap) its own tree before killing from the host.
 CLEAN_EXIT_S = 2.0
 READY_TIMEOUT_S = 30.0
 # Tree kills at once, each in a worker thread of its own (a SIGTERM grace holds its thread).
 KILL_THREADS = 256
 # A spawn not answered within this time looks for commands stopped before their exec.
 SPAWN_STALL_S = 1.0
-# Sends of one spawn request whose shim the session's code killed before it ran the command
-# (a `kill -9 -1` racing the spawn): it never ran, so it is sent again.
+# Sends of a spawn whose shim was killed before it ran the command (`kill -9 -1`): it is resent.
 SPAWN_TRIES = 3
 
 
@@ -82,9 +80,9 @@ class Launcher:
                     python: str = sys.executable, cwd: str = "/",
                     launcher_py: str = LAUNCHER_PY, listen: str | None = None) -> Launcher:
         """Start `wrapper + [python, -I, -S, launcher_py, FD, SPAWN_FD]` (see BOOTSTRAP for how,
-        when `python` is ours) and wait until the
-        launcher says it is ready. Raises LauncherError with the wrapper's own error text if it
-        never does. `launcher_py` is for tests that wrap the launcher to inject faults."""
+        when `python` is ours) and wait until the launcher says it is ready. Raises
+        LauncherError with the wrapper's own error text if it never does. `launcher_py` is for
+        tests that wrap the launcher to inject faults."""
         wrapped, ours, spawn_ours = Wrapper.start(wrapper, env=env, python=python, cwd=cwd,
                                                   launcher_py=launcher_py, listen=listen)
         self = cls(wrapped, Channel(ours, spawn_ours))
@@ -110,7 +108,7 @@ class Launcher:
     async def _receive_ready(self) -> None:
         msg, fds = await self._channel.recv()
         if isinstance(msg, Listening):  # asked for with `listen`, it comes first
-            self._take_listeners(msg, fds)
+            self.listeners = listeners_of(msg, fds)
             msg, fds = await self._channel.recv()
         try:
             if not isinstance(msg, Ready) or not fds:
@@ -123,14 +121,6 @@ class Launcher:
                                     + self._wrapper.stderr_text())
         finally:
             close_all(fds)
-
-    def _take_listeners(self, msg: Listening, fds: list[int]) -> None:
-        if msg.error or len(fds) != len(msg.names):
-            close_all(fds)
-            raise LauncherError(f"the sandbox could not listen for its egress proxy: "
-                                f"{msg.error or 'sockets missing'}")
-        for name, fd in zip(msg.names, fds):
-            self.listeners[name] = socket.socket(fileno=fd)
 
     @property
     def host_pid(self) -> int:
@@ -350,8 +340,7 @@ class Launcher:
 
     async def start_helper(self, argv: list[str], env: dict[str, str], fd: int) -> None:
         """Have the launcher run `argv` as a helper of its own, with `fd` (the caller's, to
-        close) as its fd 3 (driver/launcher.py, start_helper). Nothing comes back on the
-        channel: the helper speaks on its socket, or the socket closes."""
+        close) as its fd 3 (driver/launcher.py, start_helper): it answers on that socket."""
         self._check_alive()
         await self._send({"op": "helper", "argv": [str(a) for a in argv], "env": dict(env)},
                          [fd])
