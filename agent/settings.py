@@ -53,7 +53,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mcp", action="append", default=[], metavar="NAME=COMMAND",
                         help="an outside MCP server (stdio) whose tools the model can find "
                              "with tool_search; COMMAND is split as a shell would "
-                             "(repeatable)")
+                             "(repeatable; default: none)")
     parser.add_argument("--config", metavar="FILE",
                         help="the agent's config file (TOML; default: "
                              "$XDG_CONFIG_HOME/toolsd/agent.toml when it exists)")

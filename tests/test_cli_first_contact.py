@@ -4,6 +4,7 @@ its own line and whether a daemon answers on the socket."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -47,8 +48,8 @@ def test_every_option_of_every_subcommand_says_what_it_does_and_its_default(name
     parser = subcommands()[name]
     entries = option_entries(parser.format_help())
     for action in parser._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
+        if not action.option_strings or action.dest == "help" or action.help == argparse.SUPPRESS:
+            continue  # hidden options (tests only) are not shown
         entry = entries[action.option_strings[0]]
         described = entry.split(None, 1 + (action.nargs != 0))[-1]
         assert action.help and len(described) > 10, f"toolsd {name} {entry!r}: no description"
