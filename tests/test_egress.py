@@ -446,8 +446,8 @@ def test_toolsd_exec_allow_and_toolsd_net(world, session):
     assert ok.returncode == 0 and "hello from allowed.test" in ok.stdout, ok.stderr
     off = toolsd(world, "exec", "--workspace", workspace, "--", "curl", "-sS", url)
     assert "hello from" not in off.stdout
-    assert (f"toolsd exec: network refused allowed.test:{world.port}: network is off for this "
-            f"session") in off.stderr
+    assert "toolsd exec: network refused" in off.stderr
+    assert (f"allowed.test:{world.port}: network is off for this session") in off.stderr
     world.run(session, curl(f"http://evil.test:{world.port}/"))
     shown = toolsd(world, "net", session)
     assert shown.returncode == 0, shown.stderr
