@@ -81,6 +81,7 @@ class Backend(ProcessInput):
         self._repl_languages: set[str] = set()  # used in this turn
         # Background processes this backend started: id -> command (the only ones it touches).
         self.processes: dict[str, str] = {}
+        self.names: dict[str, str] = {}  # process_start's `name` -> the latest id of that name
         # Pictures read this turn, by (ref, the max_dim they were fitted to).
         self._images: dict[tuple[ImageRef, int], LoadedImage] = {}
         # Processes of sessions that were lost: id -> command (answered as stale).
@@ -135,6 +136,7 @@ class Backend(ProcessInput):
         stale = list(self.processes)
         self.stale.update(self.processes)
         self.processes = {}
+        self.names = {}
         return stale
 
     # ------------------------------------------------------------ turns
@@ -305,29 +307,31 @@ class Backend(ProcessInput):
         raise e
 
     async def _process_output(self, a: ProcessOutput) -> ToolOutcome:
-        if (refusal := self._unknown(a.id)) is not None:
+        pid = self._own(a.id)
+        if (refusal := self._unknown(pid)) is not None:
             return refusal
         wait_s = a.wait_s if a.wait_s is not None else (UNTIL_WAIT_S if a.until else 0.0)
         params: dict[str, Any] = {"wait_s": min(wait_s, MAX_WAIT_S),
                                   "max_output_chars": RESULT_CHARS - NOTES_ROOM,
-                                  **self._output_options(a.id)}
+                                  **self._output_options(pid)}
         if a.until is not None:
             params["until"] = a.until
         try:
-            r = await self._ask("process_output", a.id, **params)
+            r = await self._ask("process_output", pid, **params)
         except ToolsdError as e:
-            return self._stale(a.id, e)
+            return self._stale(pid, e)
         return ToolOutcome(process_text(r))
 
     async def _process_stop(self, a: ProcessStop) -> ToolOutcome:
-        if (refusal := self._unknown(a.id)) is not None:
+        pid = self._own(a.id)
+        if (refusal := self._unknown(pid)) is not None:
             return refusal
         try:
-            r = await self._ask("process_stop", a.id)
+            r = await self._ask("process_stop", pid)
         except ToolsdError as e:
-            return self._stale(a.id, e)
+            return self._stale(pid, e)
         ended = f"; {r['ended']} process(es) ended" if r["ended"] else ""
-        return ToolOutcome(f"{a.id} {status_words(r)}{ended}.")
+        return ToolOutcome(f"{pid} {status_words(r)}{ended}.")
 
     def resolve(self, path: str) -> str:
         """A path the model gave, as the session sees it: relative to the terminal's folder."""

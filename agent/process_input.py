@@ -20,6 +20,7 @@ __all__ = ["ProcessInput"]
 
 class ProcessInput:
     processes: dict[str, str]
+    names: dict[str, str]
     features: frozenset[str]
 
     @property
@@ -40,8 +41,14 @@ class ProcessInput:
     def _output_options(self, pid: str) -> dict[str, Any]:
         return {"plain": True} if pid in self.ttys else {}
 
+    def _own(self, ref: str) -> str:
+        """The id a model's reference names: an id of ours, else a name it gave one."""
+        return ref if ref in self.processes else self.names.get(ref, ref)
+
     def _started(self, r: dict, a: ProcessStart) -> ToolOutcome:
         self.processes[r["id"]] = a.command
+        if a.name:
+            self.names[a.name] = r["id"]
         if a.tty:
             self.ttys.add(r["id"])
             return ToolOutcome(f"Started {r['id']} on a terminal. Type into it with "
@@ -51,26 +58,27 @@ class ProcessInput:
                            f"with process_stop; it keeps running until then.")
 
     async def _process_write(self, a: ProcessWrite) -> ToolOutcome:
-        if (refusal := self._unknown(a.id)) is not None:
+        pid = self._own(a.id)
+        if (refusal := self._unknown(pid)) is not None:
             return refusal
-        if a.id not in self.ttys:
-            return ToolOutcome(f"{a.id} was started without a terminal, so it takes no "
+        if pid not in self.ttys:
+            return ToolOutcome(f"{pid} was started without a terminal, so it takes no "
                                f"input; start it again with tty: true to type into it.",
                                is_error=True)
         size = len(a.data.encode())
         try:
-            r = await self._ask("process_write", a.id, a.data, eof=a.eof)
+            r = await self._ask("process_write", pid, a.data, eof=a.eof)
         except ToolsdError as e:
             if e.code == "bad_params":
                 return ToolOutcome(f"process_write: {e.message}", is_error=True)
-            return self._stale(a.id, e)
+            return self._stale(pid, e)
         written = r["written"]
         if written < size:
-            return ToolOutcome(f"{a.id} took {written} of {size} bytes: it is not reading "
+            return ToolOutcome(f"{pid} took {written} of {size} bytes: it is not reading "
                                f"(its terminal is full). Read its output with process_output, "
                                f"then send the rest.", is_error=True)
         eof = " and Ctrl-D" if a.eof else ""
-        return ToolOutcome(f"Typed {size} bytes{eof} into {a.id}. Read what it says with "
+        return ToolOutcome(f"Typed {size} bytes{eof} into {pid}. Read what it says with "
                            f"process_output (wait_s or until for its answer).")
 
     if TYPE_CHECKING:  # Backend's

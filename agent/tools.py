@@ -53,7 +53,7 @@ TOOLS: list[ToolSpec] = [
         description=(
             "Start a long-running command in the background (a server, a watcher, a long "
             "build). It keeps running across turns. Returns its id for process_output and "
-            "process_stop. `name`: an optional label for the person watching (toolsd ps)."),
+            "process_stop. `name`: an optional label (toolsd ps shows it), usable for the id."),
         parameters=_schema(
             ["command"],
             command={"type": "string"},

@@ -86,3 +86,30 @@ def test_the_model_is_told_when_a_process_waits_for_input():
          "output": "Password: ", "dropped_bytes": 0, "waiting_for_input": True}
     assert process_text(r) == "Password: \n[bg3 is running, waiting for input (process_write)]"
     assert process_text({**r, "waiting_for_input": False}) == "Password: \n[bg3 is running]"
+
+
+@needs_bwrap
+async def test_the_model_names_its_process_by_the_name_it_gave(kit):
+    # process_start's `name` stands for the id in process_output, process_write and
+    # process_stop, as it does in the daemon and the CLI.
+    agent = await kit.open([
+        reply("", call("process_start", command=f'python3 -c "{ASKS}"', tty=True,
+                       name="greeter")),
+        reply("", call("process_output", id="greeter", until="name\\? ", wait_s=30)),
+        reply("", call("process_write", id="greeter", data="Ada\n")),
+        reply("", call("process_output", id="greeter", until="again\\? ", wait_s=30)),
+        reply("", call("process_stop", id="greeter")),
+        reply("", call("process_output", id="nobody")),
+        reply("done"),
+    ], config=AgentConfig(nudge_after=99))
+    result = await agent.run_turn("use its name")
+    assert result.outcome == "completed", result
+    last = agent.model.requests[-1]
+    pid = started_id(last)
+    _, asked, typed, said, stopped, unknown = results(last)
+    assert asked.startswith("name? ")
+    assert typed.startswith(f"Typed 4 bytes into {pid}.")
+    assert "hello Ada True" in said
+    assert stopped.startswith(f"{pid} ")
+    assert "There is no background process" in unknown and pid in unknown
+    assert wait_gone(kit.daemon.running("again? "), timeout=30) == []
