@@ -8,6 +8,7 @@ that marks run_terminal's `> FILE` writes as edits."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import msgspec
@@ -29,8 +30,13 @@ kit = agentkit.kit
 FAKE = os.path.join(os.path.dirname(__file__), "fake_lsp_server.py")
 
 
-def fake(mode: str) -> Settings:
-    return Settings(lsp={"python": [sys.executable, FAKE, mode]})
+def fake(kit, mode: str) -> Settings:
+    """The fake server as the session runs it: a copy in the workspace, which the sandbox
+    shows wherever the checkout is (a checkout under /tmp is not seen from inside)."""
+    folder = os.path.join(kit.workspace, ".fake-lsp")
+    os.makedirs(folder, exist_ok=True)
+    copy = shutil.copy(FAKE, folder)
+    return Settings(lsp={"python": [sys.executable, copy, mode]})
 
 
 # ---------------------------------------------------------------- pure parts
@@ -96,7 +102,7 @@ class FileTools(Toolbox):
 
 async def open_agent(kit, mode: str, script, limits: Limits = Limits()):
     model = ScriptedModel(script)
-    agent = await kit.open(model=model, settings=fake(mode))
+    agent = await kit.open(model=model, settings=fake(kit, mode))
     agent.toolbox = FileTools(agent.backend, agent.toolbox.catalog)
     agent.diagnostics.limits = limits
     return agent, model
