@@ -17,6 +17,7 @@ import sys
 import msgspec
 import trio
 
+from agent.diffs import colored
 from agent.prompt_keys import CTRL_C, ExitKey, ctrl_c_ends_line
 from agent.screen import (
     approval_question,
@@ -175,11 +176,16 @@ class Terminal:
                 raise ExitKey
             self.say("  (line cleared; Ctrl-C on an empty line, or Ctrl-D, exits)")
 
-    async def approve(self, call):
-        """Ask mode: y, n, or always for this tool. The end of input declines."""
-        question = approval_question(call.name, call.arguments, self.width(), self.glyphs)
+    async def approve(self, call, diff: str | None = None):
+        """Ask mode: y, n, or always for this tool. The end of input declines. A file tool's
+        change is shown first as its diff (colored on a terminal)."""
+        question = approval_question(call.name, call.arguments, self.width(), self.glyphs,
+                                     diff is not None)
         self._stop_spinner()
         self._end_text()
+        if diff is not None:
+            shown = printable(diff)
+            self._write(self.err, colored(shown) if self.err.isatty() else shown)
         while True:
             self._write(self.err, question)
             line = await self.reader.readline()

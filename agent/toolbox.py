@@ -29,7 +29,14 @@ class Toolbox:
     def tools(self) -> list[ToolSpec]:
         return self.catalog.tools()
 
-    async def call(self, call: ToolCall) -> ToolOutcome:
+    async def prepare(self, call: ToolCall):
+        """A write_file or edit_file call's Change, to approve before it is applied (or the
+        ToolOutcome saying why it cannot be made): agent/file_tools.py."""
+        return await self.backend.prepare(call)
+
+    async def call(self, call: ToolCall, change=None) -> ToolOutcome:
+        if change is not None:
+            return await self.backend.call(call, change)
         name = self.catalog.canonical(call.name)
         entry = self.catalog.deferred.get(name)
         if name == TOOL_SEARCH or entry is not None:

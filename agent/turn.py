@@ -47,7 +47,9 @@ from agent.history import (
     UserMessage,
 )
 from agent.models.base import ContextOverflow, ModelError, ModelReply
+from agent.gates import Mode
 from agent.results import RESULT_CHARS, ToolOutcome, caption, clip_text
+from agent.tools import WRITES_FILES
 
 if TYPE_CHECKING:
     from agent.agent import Agent
@@ -358,14 +360,24 @@ class TurnLoop:
             self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                      is_error=False, skipped=True)
             return outcome
-        decision = await self.agent.gate.check(call)
+        gate, change = self.agent.gate, None
+        if call.name in WRITES_FILES and gate.mode is Mode.ASK and call.name not in gate.always:
+            # The change is made ready first, so that the person approves exactly its diff;
+            # nothing is written before the answer (agent/file_tools.py).
+            change = await self.agent.toolbox.prepare(call)
+            if isinstance(change, ToolOutcome):
+                self.log("tool_result", id=call.id, name=call.name, text=change.text,
+                         is_error=change.is_error)
+                return change
+            self.log("diff", id=call.id, name=call.name, path=change.shown, diff=change.diff)
+        decision = await gate.check(call, None if change is None else change.diff)
         if decision.asked or not decision.allowed:
             self.log("approval", id=call.id, name=call.name, allowed=decision.allowed,
                      asked=decision.asked, mode=self.agent.gate.mode.value)
         if not decision.allowed:
             outcome = ToolOutcome(decision.message, is_error=True)
         else:
-            outcome = await self.agent.toolbox.call(call)  # agent/toolbox.py
+            outcome = await self.agent.toolbox.call(call, change)  # agent/toolbox.py
         self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                  is_error=outcome.is_error, images=[r.path for r in outcome.images])
         for path in outcome.edited:
