@@ -123,7 +123,7 @@ class FileTools:
             after = a.content
             verb = "created" if before is None else "wrote"
             lines = after.count("\n") + (1 if after and not after.endswith("\n") else 0)
-            summary = f"{verb} {a.path} ({lines} lines)"
+            summary = f"{verb} {a.path} ({lines} line{'' if lines == 1 else 's'})"
         else:
             if before is None:
                 return ToolOutcome(f"edit_file: {a.path} does not exist; create it with "

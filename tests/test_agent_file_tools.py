@@ -179,3 +179,22 @@ async def test_ask_mode_shows_the_diff_and_writes_only_on_yes(kit):
                                                "diff was made")
     diffs = [e for e in agent.conversation.events() if e["type"] == "diff"]
     assert [d["path"] for d in diffs] == ["app.py"] * 3
+
+
+@needs_bwrap
+async def test_a_write_to_a_session_opened_read_only_says_so(kit):
+    from agent.backend import Backend
+
+    client = await kit.daemon.async_client()
+    backend = await Backend.open(client, kit.workspace, writable=False)
+    try:
+        wrote = await backend.call(call("write_file", path="made.txt", content="x"))
+        edited = await backend.call(call("edit_file", path="made.txt", old="x", new="y"))
+    finally:
+        await backend.aclose()
+        await client.aclose()
+    assert wrote.is_error and wrote.text == (
+        "write_file: the workspace is read-only in this session (plan mode, or a session "
+        "opened with writable: false): nothing was written")
+    assert edited.text.startswith("edit_file: made.txt does not exist")
+    assert os.listdir(kit.workspace) == []
