@@ -309,6 +309,8 @@ class Run:
             term.say(f"toolsd agent: {self.args.model}, {self.args.mode} mode, in "
                      f"{agent.backend.workspace} (conversation {agent.conversation.id}); "
                      f"{budget_label(agent.budget)}; one prompt per line, Ctrl-D ends")
+        if sys.stdin.isatty() and not self.args.json:
+            agent.toolbox.ask_user = term.ask_user  # someone to answer (agent/ask_user.py)
         inbox = Inbox(term, agent.model, agent.conversation.folder)
         if interactive:  # a request waits out an endpoint that went away (agent/offline.py)
             agent.model = PatientModel(agent.model, term.say)

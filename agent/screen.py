@@ -110,6 +110,8 @@ def gist(name: str, arguments: dict[str, Any]) -> str:
         return f"{text('id')} {typed}" + ("  eof" if a.get("eof") else "")
     if name in ("read_image", "read_file", "write_file", "edit_file") and "path" in a:
         return text("path")
+    if name == "ask_user" and "question" in a:
+        return _lines(text("question"))[0] if _lines(text("question")) else ""
     if name == "find":
         return "  ".join(f"{key}={text(key)}" for key in ("pattern", "glob", "path") if key in a)
     return json.dumps(a, ensure_ascii=False) if a else ""

@@ -201,6 +201,18 @@ class Terminal:
             self._start_spinner(call.name)
         return answer
 
+    async def ask_user(self, question: str) -> str | None:
+        """The model's question (ask_user), and the person's one-line answer; None at the end
+        of input. Ctrl-C cancels the turn, as at an approval."""
+        self._stop_spinner()
+        self._end_text()
+        self._write(self.err, "".join(f"  ? {line}\n" for line in
+                                      printable(question).splitlines() or [""]))
+        self._write(self.err, "  Your answer: ")
+        answer = await self.reader.readline()
+        self._start_spinner("ask_user")
+        return answer
+
     # ------------------------------------------------------------ the spinner
 
     def _start_spinner(self, name: str) -> None:
