@@ -94,6 +94,17 @@ class Agent:
         # Events that come outside a turn (the backend's reports at close) go here.
         self.on_event: Callable[[dict], None] | None = None
         backend.report = self._report
+        self.steering: list[str] = []  # typed during the turn, for its next request
+
+    def steer(self, line: str) -> None:
+        """A line the person typed while the turn runs (agent/steering.py): logged, and given
+        to the model before its next request."""
+        self.steering.append(line)
+        self._report("steer", {"text": line})
+
+    def take_steering(self) -> list[str]:
+        lines, self.steering = self.steering, []
+        return lines
 
     @classmethod
     async def open(cls, workspace: str, model: Model, *, mode: Mode | str = Mode.ASK,

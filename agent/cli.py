@@ -299,6 +299,7 @@ class Run:
         from agent.prompt_keys import ExitKey
         from agent.models.limits import budget_label
         from agent.offline import Inbox, PatientModel, start_lines
+        from agent.steering import steered_turn
 
         term, agent = self.term, self.agent
         if agent.backend.sandbox == "none":
@@ -329,7 +330,10 @@ class Run:
             else:
                 prompt = " ".join(self.args.prompt)
             self.move(Phase.TURN)
-            result = await agent.run_turn(prompt, on_text=term.text, on_event=term.event)
+            if interactive and sys.stdin.isatty():  # lines typed meanwhile steer it
+                result = await steered_turn(agent, term, prompt, inbox)
+            else:
+                result = await agent.run_turn(prompt, on_text=term.text, on_event=term.event)
             if self.phase is Phase.EXITING:
                 return EXIT_CODES["interrupted"]
             self.move(Phase.PROMPT)

@@ -63,6 +63,10 @@ class Terminal:
         self._spinner = None  # the CancelScope of the running spinner
         self.on_gone = on_gone  # called once if stdout or stderr is closed under us
         self._gone = False
+        self.lines = None  # during a steered turn, where typed lines go (agent/steering.py)
+
+    async def _answer_line(self) -> str | None:
+        return await (self.reader.readline() if self.lines is None else self.lines.answer())
 
     @staticmethod
     def width() -> int:
@@ -145,6 +149,8 @@ class Terminal:
         elif kind == "refused":
             self.say("  (the model found the request too long: older messages are summarized "
                      "and it is asked again)")
+        elif kind == "steer":
+            self.say(f"  (queued for the model's next request: {clip(event['text'], 60, g)})")
         elif kind == "diagnostics":
             self.say(clip(diagnostics_line(event), width, g))
         elif kind == "request" and event.get("kind") == "final_report":
@@ -188,7 +194,7 @@ class Terminal:
             self._write(self.err, colored(shown) if self.err.isatty() else shown)
         while True:
             self._write(self.err, question)
-            line = await self.reader.readline()
+            line = await self._answer_line()
             if line is None:
                 self.say("  (Ctrl-D: declined)" if sys.stdin.isatty()
                          else "  (end of input: declined)")
@@ -209,7 +215,7 @@ class Terminal:
         self._write(self.err, "".join(f"  ? {line}\n" for line in
                                       printable(question).splitlines() or [""]))
         self._write(self.err, "  Your answer: ")
-        answer = await self.reader.readline()
+        answer = await self._answer_line()
         self._start_spinner("ask_user")
         return answer
 

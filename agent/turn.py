@@ -49,6 +49,7 @@ from agent.history import (
 from agent.models.base import ContextOverflow, ModelError, ModelReply
 from agent.gates import Mode
 from agent.results import RESULT_CHARS, ToolOutcome, caption, clip_text
+from agent.steering import steering_message
 from agent.tools import WRITES_FILES
 
 if TYPE_CHECKING:
@@ -188,6 +189,7 @@ class TurnLoop:
         except BaseException as e:
             if _is_cancellation(e):
                 turn.end(Outcome.INTERRUPTED, "cancelled")
+                self.give_steering()  # a line typed before the Ctrl-C is kept
                 self.keep_interrupted()
                 raise
             if isinstance(e, OutOfTime):
@@ -212,6 +214,13 @@ class TurnLoop:
                 repls = await self.backend.end_turn()
                 self.log("outcome", outcome=turn.outcome.value, reason=turn.reason,
                          steps=turn.steps, tool_calls=turn.tool_calls, repls_ended=repls)
+
+    def give_steering(self) -> None:
+        """Lines the person typed meanwhile, into the history (agent/steering.py)."""
+        lines = self.agent.take_steering()
+        if lines:
+            self.conversation.append(steering_message(lines))
+            self.log("steering", lines=lines)
 
     def keep_interrupted(self, mark: str = INTERRUPTED, early: str = INTERRUPTED_EARLY, *,
                          stop: str = "interrupted") -> None:
@@ -254,6 +263,7 @@ class TurnLoop:
                             max_tokens=max_tokens)
         self.turn.steps += 1
         await self.agent.drain_diagnostics()  # what edits since the last request caused
+        self.give_steering()
         refused = None
         while True:
             fitted = await fit_history(agent.model, self.conversation.messages, base,
