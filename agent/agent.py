@@ -31,6 +31,7 @@ from agent.offline import recover_latest
 from agent.settings import Settings
 from agent.toolbox import Toolbox
 from agent.tools import TOOLS
+from agent.undo import Undo
 from agent.turn import AgentConfig, Turn, TurnLoop, TurnResult
 from agent.window import resolve_budget
 from toolsd.client import AsyncClient
@@ -95,6 +96,8 @@ class Agent:
         self.on_event: Callable[[dict], None] | None = None
         backend.report = self._report
         self.steering: list[str] = []  # typed during the turn, for its next request
+        # Snapshots for /undo (agent/undo.py); None where the workspace is not on this machine.
+        self.undo = Undo(backend.workspace, conversation.folder)
 
     def steer(self, line: str) -> None:
         """A line the person typed while the turn runs (agent/steering.py): logged, and given

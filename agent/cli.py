@@ -300,6 +300,7 @@ class Run:
         from agent.models.limits import budget_label
         from agent.offline import Inbox, PatientModel, start_lines
         from agent.steering import steered_turn
+        from agent.undo import slash
 
         term, agent = self.term, self.agent
         if agent.backend.sandbox == "none":
@@ -327,6 +328,8 @@ class Run:
                     return EXIT_CODES["interrupted"]
                 if prompt is None:
                     return code
+                if await slash(agent, term.say, prompt):  # /undo, /diff (agent/undo.py)
+                    continue
             else:
                 prompt = " ".join(self.args.prompt)
             self.move(Phase.TURN)

@@ -47,10 +47,9 @@ from agent.history import (
     UserMessage,
 )
 from agent.models.base import ContextOverflow, ModelError, ModelReply
-from agent.gates import Mode
+from agent.approvals import prepare_for_approval, snapshot_before
 from agent.results import RESULT_CHARS, ToolOutcome, caption, clip_text
 from agent.steering import steering_message
-from agent.tools import WRITES_FILES
 
 if TYPE_CHECKING:
     from agent.agent import Agent
@@ -370,16 +369,11 @@ class TurnLoop:
             self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                      is_error=False, skipped=True)
             return outcome
-        gate, change = self.agent.gate, None
-        if call.name in WRITES_FILES and gate.mode is Mode.ASK and call.name not in gate.always:
-            # The change is made ready first, so that the person approves exactly its diff;
-            # nothing is written before the answer (agent/file_tools.py).
-            change = await self.agent.toolbox.prepare(call)
-            if isinstance(change, ToolOutcome):
-                self.log("tool_result", id=call.id, name=call.name, text=change.text,
-                         is_error=change.is_error)
-                return change
-            self.log("diff", id=call.id, name=call.name, path=change.shown, diff=change.diff)
+        gate, change = self.agent.gate, await prepare_for_approval(self, call)
+        if isinstance(change, ToolOutcome):  # the change cannot be made: nothing to approve
+            self.log("tool_result", id=call.id, name=call.name, text=change.text,
+                     is_error=change.is_error)
+            return change
         decision = await gate.check(call, None if change is None else change.diff)
         if decision.asked or not decision.allowed:
             self.log("approval", id=call.id, name=call.name, allowed=decision.allowed,
@@ -387,6 +381,7 @@ class TurnLoop:
         if not decision.allowed:
             outcome = ToolOutcome(decision.message, is_error=True)
         else:
+            await snapshot_before(self, call)  # for /undo (agent/undo.py)
             outcome = await self.agent.toolbox.call(call, change)  # agent/toolbox.py
         self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                  is_error=outcome.is_error, images=[r.path for r in outcome.images])
