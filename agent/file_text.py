@@ -116,9 +116,9 @@ def closest(text: str, old: str) -> str:
     best, best_at = 0.0, 0
     # Bounded: a large file is compared by its lines' first characters only after a cut.
     windows = range(max(1, len(lines) - size + 1))
-    for i in windows[:20000]:
+    for i in windows[:5000]:
         chunk = "\n".join(lines[i:i + size])
-        m = difflib.SequenceMatcher(None, chunk[:2000], old[:2000], autojunk=False)
+        m = difflib.SequenceMatcher(None, chunk[:1000], old[:1000], autojunk=False)
         if m.real_quick_ratio() <= best or m.quick_ratio() <= best:
             continue
         r = m.ratio()

@@ -52,13 +52,15 @@ class Lines:
             elif line is not None and line.strip():
                 self.steer(line.strip())
             if line is None:
+                # Ctrl-D on a terminal is an end of input of the moment: a question asked
+                # later reads its answer itself.
                 self.ended = True
                 return
 
     async def answer(self) -> str | None:
         """The next line typed (a question's answer); None at the end of input."""
         if self.ended:
-            return None
+            return await self.reader.readline()
         waiter = [trio.Event(), None]
         self._waiting.append(waiter)
         try:
