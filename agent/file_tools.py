@@ -55,6 +55,8 @@ class FileTools:
     # ------------------------------------------------------------ reading
 
     async def _read_file(self, a: ReadFile) -> ToolOutcome:
+        if not a.path.strip():
+            return ToolOutcome("read_file: `path` is empty: name the file", is_error=True)
         path = self.resolve(a.path)
         try:
             stat = await self._ask("file_stat", self.session, path)
@@ -110,6 +112,8 @@ class FileTools:
             return self._file_error(call.name, args.path, e)
 
     async def _change(self, tool: str, a: WriteFile | EditFile) -> Change | ToolOutcome:
+        if not a.path.strip():
+            return ToolOutcome(f"{tool}: `path` is empty: name the file", is_error=True)
         path = self.resolve(a.path)
         before = await self._whole(tool, a.path, path)
         if isinstance(before, ToolOutcome):
@@ -206,6 +210,13 @@ class FileTools:
             return ToolOutcome("find: give `pattern` (a regex to search contents), `glob` (file "
                                "names, as *.py), or both", is_error=True)
         top = a.path or "."
+        if a.path:
+            try:
+                await self._ask("file_stat", self.session, self.resolve(a.path))
+            except ToolsdError as e:
+                if e.code != "not_found":
+                    raise
+                return self._file_error("find", a.path, e)
         q = shlex.quote
         globbed = f" -g {q(a.glob)}" if a.glob else ""
         if a.pattern:

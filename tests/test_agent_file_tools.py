@@ -198,3 +198,38 @@ async def test_a_write_to_a_session_opened_read_only_says_so(kit):
         "opened with writable: false): nothing was written")
     assert edited.text.startswith("edit_file: made.txt does not exist")
     assert os.listdir(kit.workspace) == []
+
+
+@needs_bwrap
+async def test_bad_file_tool_calls_get_clear_errors(kit):
+    os.mkfifo(os.path.join(kit.workspace, "pipe"))
+    kit.write("a.txt", "a\n")
+    _, seen = await run(kit, call("read_file", path="."), call("read_file", path="/dev/zero"),
+                        call("read_file", path="pipe"), call("read_file", path="a.txt", offset=0),
+                        call("write_file", path="", content="x"),
+                        call("edit_file", path="a.txt", old="", new="b"),
+                        config=agentkit.AgentConfig(nudge_after=100))
+    assert seen[0].startswith("read_file: . is a folder")
+    assert seen[1].startswith("read_file: ") and "device" in seen[1]
+    assert seen[2].startswith("read_file: ") and "FIFO" in seen[2].upper()
+    assert seen[3].startswith("read_file: ") and "offset" in seen[3]
+    assert seen[4] == "write_file: `path` is empty: name the file"
+    assert seen[5] == "edit_file: `old` is empty; to write a whole file use write_file"
+    _, more = await run(kit, call("find", pattern="x", path="no/such/folder"),
+                        call("write_file", path="a.txt/under", content="x"))
+    assert more[0].startswith("find: 'no/such/folder' does not exist")
+    assert more[1].startswith("write_file: ")
+
+
+@needs_bwrap
+async def test_a_write_into_a_hidden_folder_never_reaches_it(kit):
+    target = os.path.join(kit.daemon.home, ".ssh", "authorized_keys")
+    _, seen = await run(kit, call("write_file", path=target, content="ssh-ed25519 AAAA\n"),
+                        call("edit_file", path=os.path.join(kit.daemon.home, ".ssh/id_rsa"),
+                             old="SECRET", new="x"))
+    # The write lands in the session's own cover over ~/.ssh (as `echo > ~/.ssh/x` in its
+    # shell would), never in the host's folder.
+    assert seen[1].startswith("edit_file: ") and "SECRET" not in seen[1]
+    assert not os.path.exists(target)
+    with open(os.path.join(kit.daemon.home, ".ssh", "id_rsa")) as f:
+        assert f.read() == "SECRET-KEY\n"
