@@ -187,9 +187,9 @@ class Backend(ProcessInput, FileTools):
 
     async def call(self, call: ToolCall, change=None) -> ToolOutcome:
         """Run one tool call (a write_file or edit_file call as its prepared, approved Change
-        where one is given: agent/file_tools.py). A mistake of the model (bad arguments, a stale id, a file that
-        is not there) is a ToolOutcome with is_error; only a lost daemon raises. Every
-        outcome, an error's too, is within RESULT_CHARS."""
+        where one is given: agent/file_tools.py). A mistake of the model (bad arguments, a
+        stale id, a file that is not there) is a ToolOutcome with is_error; only a lost
+        daemon raises. Every outcome, an error's too, is within RESULT_CHARS."""
         outcome = await self._run(call, change)
         text = outcome.text
         notes = "\n".join(self.take_notes())
