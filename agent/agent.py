@@ -43,7 +43,8 @@ in a sandbox: the workspace is {workspace}, /tmp is scratch space, and network a
 {network}.
 - run_terminal for commands; repl to explore data or code step by step (its state lasts for \
 this turn); process_start / process_output / process_stop for servers and long jobs \
-(process_write types into one started with tty); read_image to look at a picture.
+(process_write types into one started with tty); read_image to look at a picture; \
+read_file, find, edit_file (exact text) and write_file for files, rather than cat, grep or sed.
 - Check what your actions did. End the turn with a short answer: what you did and found.{mode}
 {instructions}
 {context}"""
@@ -58,8 +59,8 @@ def network_words(network) -> str:
 MODE_NOTES = {
     Mode.PLAN: "\n- Plan mode: the workspace is read-only. Investigate and propose changes; "
                "do not write files.",
-    Mode.ASK: "\n- The user approves commands and code before they run; a declined call is "
-              "their decision, not an error to work around.",
+    Mode.ASK: "\n- The user approves commands, code and file changes before they run; a "
+              "declined call is their decision, not an error to work around.",
     Mode.AUTO: "",
 }
 
