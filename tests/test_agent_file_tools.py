@@ -165,11 +165,10 @@ async def test_ask_mode_shows_the_diff_and_writes_only_on_yes(kit):
     assert seen[0].startswith("The user declined this call.")
     agent.model.add(reply("", call("edit_file", path="app.py", old="y = 2", new="y = 20")),
                     reply("done"))
-    before = b"x = 1\ny = 2\n"
     assert (await agent.run_turn("again")).outcome == "completed"
     with open(path, "rb") as f:
         assert f.read() == b"x = 1\ny = 20\n"  # exactly that diff
-        before = f.read() or b"x = 1\ny = 20\n"
+    before = b"x = 1\ny = 20\n"
     agent.model.add(reply("", call("edit_file", path="app.py", old="y = 20", new="y = 3")),
                     reply("done"))
     assert (await agent.run_turn("once more")).outcome == "completed"
