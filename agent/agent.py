@@ -31,6 +31,7 @@ from agent.offline import recover_latest
 from agent.settings import Settings
 from agent.toolbox import Toolbox
 from agent.tools import TOOLS
+from agent.undo import Undo
 from agent.turn import AgentConfig, Turn, TurnLoop, TurnResult
 from agent.window import resolve_budget
 from toolsd.client import AsyncClient
@@ -42,7 +43,8 @@ in a sandbox: the workspace is {workspace}, /tmp is scratch space, and network a
 {network}.
 - run_terminal for commands; repl to explore data or code step by step (its state lasts for \
 this turn); process_start / process_output / process_stop for servers and long jobs \
-(process_write types into one started with tty); read_image to look at a picture.
+(process_write types into one started with tty); read_image to look at a picture; \
+read_file, find, edit_file (exact text) and write_file for files, rather than cat, grep or sed.
 - Check what your actions did. End the turn with a short answer: what you did and found.{mode}
 {instructions}
 {context}"""
@@ -57,8 +59,8 @@ def network_words(network) -> str:
 MODE_NOTES = {
     Mode.PLAN: "\n- Plan mode: the workspace is read-only. Investigate and propose changes; "
                "do not write files.",
-    Mode.ASK: "\n- The user approves commands and code before they run; a declined call is "
-              "their decision, not an error to work around.",
+    Mode.ASK: "\n- The user approves commands, code and file changes before they run; a "
+              "declined call is their decision, not an error to work around.",
     Mode.AUTO: "",
 }
 
@@ -94,6 +96,19 @@ class Agent:
         # Events that come outside a turn (the backend's reports at close) go here.
         self.on_event: Callable[[dict], None] | None = None
         backend.report = self._report
+        self.steering: list[str] = []  # typed during the turn, for its next request
+        # Snapshots for /undo (agent/undo.py); None where the workspace is not on this machine.
+        self.undo = Undo(backend.workspace, conversation.folder)
+
+    def steer(self, line: str) -> None:
+        """A line the person typed while the turn runs (agent/steering.py): logged, and given
+        to the model before its next request."""
+        self.steering.append(line)
+        self._report("steer", {"text": line})
+
+    def take_steering(self) -> list[str]:
+        lines, self.steering = self.steering, []
+        return lines
 
     @classmethod
     async def open(cls, workspace: str, model: Model, *, mode: Mode | str = Mode.ASK,

@@ -13,7 +13,8 @@ from agent.results import ToolOutcome, quoted
 from agent.tools import TOOL_NAMES
 
 __all__ = ["ARGUMENTS", "parse_arguments", "RunTerminal", "Repl", "ProcessStart",
-           "ProcessOutput", "ProcessStop", "ProcessWrite", "ReadImage"]
+           "ProcessOutput", "ProcessStop", "ProcessWrite", "ReadImage", "ReadFile", "WriteFile",
+           "EditFile", "Find"]
 
 Positive = Annotated[float, Meta(gt=0)]
 
@@ -54,9 +55,35 @@ class ReadImage(msgspec.Struct, frozen=True):
     path: str
 
 
+class ReadFile(msgspec.Struct, frozen=True):
+    path: str
+    offset: Annotated[int, Meta(ge=1)] | None = None  # the first line, 1-based
+    limit: Annotated[int, Meta(ge=1)] | None = None  # lines
+
+
+class WriteFile(msgspec.Struct, frozen=True):
+    path: str
+    content: str
+
+
+class EditFile(msgspec.Struct, frozen=True):
+    path: str
+    old: str
+    new: str
+    all: bool = False
+
+
+class Find(msgspec.Struct, frozen=True):
+    pattern: str | None = None
+    glob: str | None = None
+    path: str | None = None
+
+
 ARGUMENTS = {"run_terminal": RunTerminal, "repl": Repl, "process_start": ProcessStart,
              "process_output": ProcessOutput, "process_stop": ProcessStop,
-             "read_image": ReadImage, "process_write": ProcessWrite}
+             "read_image": ReadImage, "process_write": ProcessWrite,
+             "read_file": ReadFile, "write_file": WriteFile, "edit_file": EditFile,
+             "find": Find}
 
 
 def parse_arguments(call: ToolCall):

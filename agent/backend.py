@@ -31,6 +31,7 @@ import trio
 
 from agent.arguments import (ProcessOutput, ProcessStart, ProcessStop, ReadImage, Repl,
                              RunTerminal, parse_arguments)
+from agent.file_tools import FileTools
 from agent.history import ImageRef, LoadedImage, ToolCall
 from agent.keeper import Gone, Keeper, SessionLost
 from agent.process_input import ProcessInput
@@ -59,7 +60,7 @@ UNTIL_WAIT_S = 30.0  # process_output's wait when only `until` is given
 IMAGE_ERRORS = ("not_found", "not_an_image", "image_too_large", "limit_exceeded")
 
 
-class Backend(ProcessInput):
+class Backend(ProcessInput, FileTools):
     """See the module docstring. Made by `Backend.open`; the turn loop and `toolsd mcp` both
     drive it: `begin_turn`, `call` per tool call, `load_images` for a request, `end_turn`,
     `aclose`."""
@@ -186,11 +187,12 @@ class Backend(ProcessInput):
 
     # ------------------------------------------------------------ calls
 
-    async def call(self, call: ToolCall) -> ToolOutcome:
-        """Run one tool call. A mistake of the model (bad arguments, a stale id, a file that
-        is not there) is a ToolOutcome with is_error; only a lost daemon raises. Every
-        outcome, an error's too, is within RESULT_CHARS."""
-        outcome = await self._run(call)
+    async def call(self, call: ToolCall, change=None) -> ToolOutcome:
+        """Run one tool call (a write_file or edit_file call as its prepared, approved Change
+        where one is given: agent/file_tools.py). A mistake of the model (bad arguments, a
+        stale id, a file that is not there) is a ToolOutcome with is_error; only a lost
+        daemon raises. Every outcome, an error's too, is within RESULT_CHARS."""
+        outcome = await self._run(call, change)
         text = outcome.text
         notes = "\n".join(self.take_notes())
         if notes:
@@ -199,11 +201,11 @@ class Backend(ProcessInput):
             outcome = msgspec.structs.replace(outcome, text=clip_text(text, RESULT_CHARS))
         return outcome
 
-    async def _run(self, call: ToolCall) -> ToolOutcome:
-        args = parse_arguments(call)
+    async def _run(self, call: ToolCall, change=None) -> ToolOutcome:
+        args = parse_arguments(call) if change is None else change
         if isinstance(args, ToolOutcome):
             return args
-        run = getattr(self, "_" + call.name)
+        run = getattr(self, "_" + call.name) if change is None else self.apply
         session = self.session
         try:
             return await run(args)

@@ -299,6 +299,8 @@ class Run:
         from agent.prompt_keys import ExitKey
         from agent.models.limits import budget_label
         from agent.offline import Inbox, PatientModel, start_lines
+        from agent.steering import steered_turn
+        from agent.undo import slash
 
         term, agent = self.term, self.agent
         if agent.backend.sandbox == "none":
@@ -309,6 +311,8 @@ class Run:
             term.say(f"toolsd agent: {self.args.model}, {self.args.mode} mode, in "
                      f"{agent.backend.workspace} (conversation {agent.conversation.id}); "
                      f"{budget_label(agent.budget)}; one prompt per line, Ctrl-D ends")
+        if sys.stdin.isatty() and not self.args.json:
+            agent.toolbox.ask_user = term.ask_user  # someone to answer (agent/ask_user.py)
         inbox = Inbox(term, agent.model, agent.conversation.folder)
         if interactive:  # a request waits out an endpoint that went away (agent/offline.py)
             agent.model = PatientModel(agent.model, term.say)
@@ -324,10 +328,15 @@ class Run:
                     return EXIT_CODES["interrupted"]
                 if prompt is None:
                     return code
+                if await slash(agent, term.say, prompt):  # /undo, /diff (agent/undo.py)
+                    continue
             else:
                 prompt = " ".join(self.args.prompt)
             self.move(Phase.TURN)
-            result = await agent.run_turn(prompt, on_text=term.text, on_event=term.event)
+            if interactive and sys.stdin.isatty():  # lines typed meanwhile steer it
+                result = await steered_turn(agent, term, prompt, inbox)
+            else:
+                result = await agent.run_turn(prompt, on_text=term.text, on_event=term.event)
             if self.phase is Phase.EXITING:
                 return EXIT_CODES["interrupted"]
             self.move(Phase.PROMPT)

@@ -21,7 +21,7 @@ import msgspec
 from agent.code_writes import node_write, python_write
 from agent.history import ToolCall, ToolSpec
 from agent.shell_writes import shell_write
-from agent.tools import READ_ONLY, spec
+from agent.tools import READ_ONLY, WRITES_FILES, spec
 
 __all__ = ["Mode", "Gate", "Decision", "Declined", "Approver", "shell_write", "python_write",
            "node_write", "plan_refusal"]
@@ -40,7 +40,8 @@ class Declined(msgspec.Struct, frozen=True):
 
 
 Answer = bool | Literal["always"] | Declined
-Approver = Callable[[ToolCall], Awaitable[Answer]]
+# Called as approve(call), or approve(call, diff) for a file tool's change (agent/diffs.py).
+Approver = Callable[..., Awaitable[Answer]]
 
 
 class Decision(msgspec.Struct, frozen=True):
@@ -65,7 +66,8 @@ class Gate:
         # tools, legacy names), by name: what a call runs as. Set by the Agent.
         self.lookup: Callable[[str], ToolSpec | None] = spec
 
-    async def check(self, call: ToolCall) -> Decision:
+    async def check(self, call: ToolCall, diff: str | None = None) -> Decision:
+        """`diff`: what a write_file or edit_file call would change, shown to the person."""
         tool = self.lookup(call.name)
         if tool is not None and tool.name != call.name:  # a legacy name: gated as its tool
             call = msgspec.structs.replace(call, name=tool.name)
@@ -83,7 +85,7 @@ class Gate:
                                    f"Do not try another way: describe the change instead.")
         if call.name in self.always:
             return Decision(True)
-        answer = await self.approve(call)
+        answer = await (self.approve(call) if diff is None else self.approve(call, diff))
         if answer == "always":
             self.always.add(call.name)
         if isinstance(answer, Declined) and answer.reason:
@@ -98,6 +100,8 @@ class Gate:
 def plan_refusal(call: ToolCall) -> str | None:
     """What in the call plainly writes, or None (it may still write: the OS refuses then)."""
     args = call.arguments
+    if call.name in WRITES_FILES:
+        return f"{call.name} writes {args.get('path') or 'a file'}"
     if call.name in ("run_terminal", "process_start") and isinstance(args.get("command"), str):
         return shell_write(args["command"])
     if call.name == "repl" and isinstance(args.get("code"), str):

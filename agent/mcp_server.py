@@ -63,6 +63,10 @@ TITLES = {
     "process_stop": "Stop a background process",
     "process_write": "Type into a background process",
     "read_image": "Look at an image",
+    "read_file": "Read a file",
+    "write_file": "Write a file",
+    "edit_file": "Edit a file",
+    "find": "Find in files",
     REPL_RESET: "Reset the REPL",
 }
 # Where a tool's description as the agent has it is not true under MCP: the REPL's state
@@ -83,7 +87,8 @@ def add_parser(sub, common) -> None:
         "mcp", parents=[common],
         help="serve the agent's tools to an MCP client over stdio",
         description="An MCP server on stdin/stdout: run_terminal, repl, process_start, "
-                    "process_output, process_write, process_stop, read_image and repl_reset, "
+                    "process_output, process_write, process_stop, read_image, read_file, "
+                    "write_file, edit_file, find and repl_reset, "
                     "in one "
                     "sandboxed toolsd session that lasts as long as the connection.")
     p.add_argument("--workspace", metavar="DIR",

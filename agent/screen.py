@@ -108,8 +108,12 @@ def gist(name: str, arguments: dict[str, Any]) -> str:
     if name == "process_write" and "id" in a:
         typed = json.dumps(a.get("data", ""), ensure_ascii=False)
         return f"{text('id')} {typed}" + ("  eof" if a.get("eof") else "")
-    if name == "read_image" and "path" in a:
+    if name in ("read_image", "read_file", "write_file", "edit_file") and "path" in a:
         return text("path")
+    if name == "ask_user" and "question" in a:
+        return _lines(text("question"))[0] if _lines(text("question")) else ""
+    if name == "find":
+        return "  ".join(f"{key}={text(key)}" for key in ("pattern", "glob", "path") if key in a)
     return json.dumps(a, ensure_ascii=False) if a else ""
 
 
@@ -186,7 +190,7 @@ def spinner_line(name: str, elapsed_s: float, tick: int, width: int,
 
 
 def approval_question(name: str, arguments: dict[str, Any], width: int,
-                      g: Glyphs = UNICODE) -> str:
+                      g: Glyphs = UNICODE, diff: bool = False) -> str:
     """The question before a call runs in ask mode (the call's line is already shown above
     it; a long command is shown whole here, since this is what the person approves)."""
     a = arguments
@@ -195,7 +199,8 @@ def approval_question(name: str, arguments: dict[str, Any], width: int,
     shown = ""
     if isinstance(whole, str) and len(whole) > width - 4 or "\n" in str(whole or ""):
         shown = "".join(f"    {line}\n" for line in printable(str(whole)).splitlines())
-    return f"{shown}  Run it? [y]es / [n]o (or n, and why) / [a]lways for {name}: "
+    verb = "Apply it" if diff else "Run it"
+    return f"{shown}  {verb}? [y]es / [n]o (or n, and why) / [a]lways for {name}: "
 
 
 # "n", "no", then what to tell the model: "n use uv", "no: not on main", "n - too slow".

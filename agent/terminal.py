@@ -17,6 +17,7 @@ import sys
 import msgspec
 import trio
 
+from agent.diffs import colored
 from agent.prompt_keys import CTRL_C, ExitKey, ctrl_c_ends_line
 from agent.screen import (
     approval_question,
@@ -62,6 +63,10 @@ class Terminal:
         self._spinner = None  # the CancelScope of the running spinner
         self.on_gone = on_gone  # called once if stdout or stderr is closed under us
         self._gone = False
+        self.lines = None  # during a steered turn, where typed lines go (agent/steering.py)
+
+    async def _answer_line(self) -> str | None:
+        return await (self.reader.readline() if self.lines is None else self.lines.answer())
 
     @staticmethod
     def width() -> int:
@@ -144,6 +149,8 @@ class Terminal:
         elif kind == "refused":
             self.say("  (the model found the request too long: older messages are summarized "
                      "and it is asked again)")
+        elif kind == "steer":
+            self.say(f"  (queued for the model's next request: {clip(event['text'], 60, g)})")
         elif kind == "diagnostics":
             self.say(clip(diagnostics_line(event), width, g))
         elif kind == "request" and event.get("kind") == "final_report":
@@ -175,14 +182,19 @@ class Terminal:
                 raise ExitKey
             self.say("  (line cleared; Ctrl-C on an empty line, or Ctrl-D, exits)")
 
-    async def approve(self, call):
-        """Ask mode: y, n, or always for this tool. The end of input declines."""
-        question = approval_question(call.name, call.arguments, self.width(), self.glyphs)
+    async def approve(self, call, diff: str | None = None):
+        """Ask mode: y, n, or always for this tool. The end of input declines. A file tool's
+        change is shown first as its diff (colored on a terminal)."""
+        question = approval_question(call.name, call.arguments, self.width(), self.glyphs,
+                                     diff is not None)
         self._stop_spinner()
         self._end_text()
+        if diff is not None:
+            shown = printable(diff)
+            self._write(self.err, colored(shown) if self.err.isatty() else shown)
         while True:
             self._write(self.err, question)
-            line = await self.reader.readline()
+            line = await self._answer_line()
             if line is None:
                 self.say("  (Ctrl-D: declined)" if sys.stdin.isatty()
                          else "  (end of input: declined)")
@@ -193,6 +205,18 @@ class Terminal:
             self._write(self.err, "  Answer y, n (or n and why: n use uv instead) or a.\n")
         if answer is True or answer == "always":
             self._start_spinner(call.name)
+        return answer
+
+    async def ask_user(self, question: str) -> str | None:
+        """The model's question (ask_user), and the person's one-line answer; None at the end
+        of input. Ctrl-C cancels the turn, as at an approval."""
+        self._stop_spinner()
+        self._end_text()
+        self._write(self.err, "".join(f"  ? {line}\n" for line in
+                                      printable(question).splitlines() or [""]))
+        self._write(self.err, "  Your answer: ")
+        answer = await self._answer_line()
+        self._start_spinner("ask_user")
         return answer
 
     # ------------------------------------------------------------ the spinner

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from agent.ask_user import ASK_USER, ASK_USER_SPEC, answer_outcome, question_of
 from agent.catalog import TOOL_SEARCH, Catalog
 from agent.history import ToolCall, ToolSpec
 from agent.results import RESULT_CHARS, ToolOutcome, clip_text, quoted
@@ -25,11 +26,27 @@ class Toolbox:
         self.backend = backend
         self.catalog = catalog
         self.mcp = mcp
+        # A person to ask (agent/ask_user.py): `toolsd agent` on a terminal sets it.
+        self.ask_user = None
 
     def tools(self) -> list[ToolSpec]:
-        return self.catalog.tools()
+        tools = self.catalog.tools()
+        return tools + [ASK_USER_SPEC] if self.ask_user is not None else tools
 
-    async def call(self, call: ToolCall) -> ToolOutcome:
+    async def prepare(self, call: ToolCall):
+        """A write_file or edit_file call's Change, to approve before it is applied (or the
+        ToolOutcome saying why it cannot be made): agent/file_tools.py."""
+        return await self.backend.prepare(call)
+
+    async def call(self, call: ToolCall, change=None) -> ToolOutcome:
+        if change is not None:
+            return await self.backend.call(call, change)
+        if call.name == ASK_USER and self.ask_user is not None:
+            question = question_of(call.arguments) if call.error is None else None
+            if question is None:
+                return ToolOutcome("ask_user: send {\"question\": \"...\"}, the question "
+                                   "to ask", is_error=True)
+            return answer_outcome(await self.ask_user(question))
         name = self.catalog.canonical(call.name)
         entry = self.catalog.deferred.get(name)
         if name == TOOL_SEARCH or entry is not None:

@@ -1,4 +1,4 @@
-"""The seven tools a model sees. Their schemas ride on every request (in the cached prefix, but
+"""The eleven tools a model sees. Their schemas ride on every request (in the cached prefix, but
 paid on each turn), so each word here earns its place; tests/test_agent_tools.py prints their
 size and keeps it within its budget.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from agent.history import ToolSpec
 
-__all__ = ["TOOLS", "TOOL_NAMES", "READ_ONLY", "spec"]
+__all__ = ["TOOLS", "TOOL_NAMES", "READ_ONLY", "WRITES_FILES", "spec"]
 
 
 def _schema(required: list[str], **properties: dict) -> dict:
@@ -98,10 +98,43 @@ TOOLS: list[ToolSpec] = [
         parameters=_schema(["path"], path={"type": "string"}),
         read_only=True,
     ),
+    ToolSpec(
+        name="read_file",
+        description="Read a text file, lines numbered. offset: first line; limit: lines.",
+        parameters=_schema(["path"], path={"type": "string"}, offset={"type": "integer"},
+                           limit={"type": "integer"}),
+        read_only=True,
+    ),
+    ToolSpec(
+        name="write_file",
+        description="Write a whole file (made with its folders if missing).",
+        parameters=_schema(["path", "content"], path={"type": "string"},
+                           content={"type": "string"}),
+    ),
+    ToolSpec(
+        name="edit_file",
+        description=(
+            "Replace the exact text `old` with `new` in a file; `old` must occur once "
+            "(all: every occurrence)."),
+        parameters=_schema(["path", "old", "new"], path={"type": "string"},
+                           old={"type": "string"}, new={"type": "string"},
+                           all={"type": "boolean"}),
+    ),
+    ToolSpec(
+        name="find",
+        description=(
+            "Search file contents by regex `pattern` (path:line: text), or list files by "
+            "`glob`; in `path` (default: here). Skips ignored and hidden files."),
+        parameters=_schema([], pattern={"type": "string"}, glob={"type": "string"},
+                           path={"type": "string"}),
+        read_only=True,
+    ),
 ]
 
 TOOL_NAMES = tuple(t.name for t in TOOLS)
 READ_ONLY = frozenset(t.name for t in TOOLS if t.read_only)
+# Their change is prepared first and shown as a diff in ask mode (agent/file_tools.py).
+WRITES_FILES = frozenset({"write_file", "edit_file"})
 _BY_NAME = {t.name: t for t in TOOLS}
 
 

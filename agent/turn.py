@@ -47,7 +47,9 @@ from agent.history import (
     UserMessage,
 )
 from agent.models.base import ContextOverflow, ModelError, ModelReply
+from agent.approvals import prepare_for_approval, snapshot_before
 from agent.results import RESULT_CHARS, ToolOutcome, caption, clip_text
+from agent.steering import steering_message
 
 if TYPE_CHECKING:
     from agent.agent import Agent
@@ -186,6 +188,7 @@ class TurnLoop:
         except BaseException as e:
             if _is_cancellation(e):
                 turn.end(Outcome.INTERRUPTED, "cancelled")
+                self.give_steering()  # a line typed before the Ctrl-C is kept
                 self.keep_interrupted()
                 raise
             if isinstance(e, OutOfTime):
@@ -210,6 +213,13 @@ class TurnLoop:
                 repls = await self.backend.end_turn()
                 self.log("outcome", outcome=turn.outcome.value, reason=turn.reason,
                          steps=turn.steps, tool_calls=turn.tool_calls, repls_ended=repls)
+
+    def give_steering(self) -> None:
+        """Lines the person typed meanwhile, into the history (agent/steering.py)."""
+        lines = self.agent.take_steering()
+        if lines:
+            self.conversation.append(steering_message(lines))
+            self.log("steering", lines=lines)
 
     def keep_interrupted(self, mark: str = INTERRUPTED, early: str = INTERRUPTED_EARLY, *,
                          stop: str = "interrupted") -> None:
@@ -252,6 +262,7 @@ class TurnLoop:
                             max_tokens=max_tokens)
         self.turn.steps += 1
         await self.agent.drain_diagnostics()  # what edits since the last request caused
+        self.give_steering()
         refused = None
         while True:
             fitted = await fit_history(agent.model, self.conversation.messages, base,
@@ -358,14 +369,20 @@ class TurnLoop:
             self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                      is_error=False, skipped=True)
             return outcome
-        decision = await self.agent.gate.check(call)
+        gate, change = self.agent.gate, await prepare_for_approval(self, call)
+        if isinstance(change, ToolOutcome):  # the change cannot be made: nothing to approve
+            self.log("tool_result", id=call.id, name=call.name, text=change.text,
+                     is_error=change.is_error)
+            return change
+        decision = await gate.check(call, None if change is None else change.diff)
         if decision.asked or not decision.allowed:
             self.log("approval", id=call.id, name=call.name, allowed=decision.allowed,
                      asked=decision.asked, mode=self.agent.gate.mode.value)
         if not decision.allowed:
             outcome = ToolOutcome(decision.message, is_error=True)
         else:
-            outcome = await self.agent.toolbox.call(call)  # agent/toolbox.py
+            await snapshot_before(self, call)  # for /undo (agent/undo.py)
+            outcome = await self.agent.toolbox.call(call, change)  # agent/toolbox.py
         self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                  is_error=outcome.is_error, images=[r.path for r in outcome.images])
         for path in outcome.edited:

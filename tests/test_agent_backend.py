@@ -240,7 +240,7 @@ async def test_every_result_is_capped_errors_too(kit):
     assert all(len(t) <= RESULT_CHARS for t in texts), [len(t) for t in texts]
     assert texts[0] == (f"There is no tool {huge_name[:80]!r}... (10000 characters); the tools "
                         f"are run_terminal, repl, process_start, process_output, process_write, "
-                        f"process_stop, read_image.")
+                        f"process_stop, read_image, read_file, write_file, edit_file, find.")
     assert texts[1] == (f"There is no background process {huge_id[:80]!r}... (20002 "
                         f"characters) of yours. Processes you started: none.")
     assert texts[2].startswith("read_image failed: ") and "characters in all" in texts[2]

@@ -91,8 +91,8 @@ class FileTools(Toolbox):
     """Stands in for the file tools: a run_terminal call that writes `> NAME` names NAME as
     edited, as a file tool's result will."""
 
-    async def call(self, tool_call):
-        outcome = await super().call(tool_call)
+    async def call(self, tool_call, change=None):
+        outcome = await super().call(tool_call, change)
         command = tool_call.arguments.get("command", "")
         if tool_call.name == "run_terminal" and "> " in command:
             target = command.rsplit("> ", 1)[1].split()[0]
@@ -134,6 +134,24 @@ async def test_an_edit_with_a_type_error_reaches_the_next_request(kit):
     assert len(runtime_messages(after_notes)) == 2
     events = [e for e in agent.conversation.events() if e["type"] == "diagnostics"]
     assert [e["files"][0]["count"] for e in events] == [1, 0]
+
+
+@needs_bwrap
+async def test_the_file_tools_edits_reach_the_next_request(kit):
+    model = ScriptedModel([
+        reply("", call("write_file", path="bad.py", content="x = 1\ny = TYPE_ERROR\n")),
+        reply("", call("edit_file", path="bad.py", old="TYPE_ERROR", new="2")),
+        reply("Fixed."),
+    ])
+    agent = await kit.open(model=model, settings=fake("normal"))  # the real file tools
+    assert (await agent.run_turn("make the file")).outcome == "completed"
+    first, after_write, after_edit = model.requests
+    assert runtime_messages(first) == []
+    assert runtime_messages(after_write) == [
+        f"{HEADER}\nbad.py (fake_lsp_server.py): 1 problem:\n"
+        f"  2:1 error: Type error: TYPE_ERROR is not a str [fake-lsp]"]
+    assert runtime_messages(after_edit)[-1] == \
+        f"{HEADER}\nbad.py (fake_lsp_server.py): no problems reported"
 
 
 @needs_bwrap

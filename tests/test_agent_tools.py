@@ -1,4 +1,4 @@
-"""The seven model-visible tools: exact names and arguments, and what their schemas cost."""
+"""The eleven model-visible tools: exact names and arguments, and what their schemas cost."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import msgspec
 from agent.tools import READ_ONLY, TOOLS
 
 # The seed's five tools cost ~907 tokens of schema; all seven of ours (process_write and
-# process_start's tty included) stay under this.
-TOKEN_LIMIT = 900
+# process_start's tty included) stayed under 900; the four file tools (issue 27) raised it.
+TOKEN_LIMIT = 950
 
 
 def tokens(tool) -> int:
@@ -29,13 +29,17 @@ def test_the_tools_with_the_issue_names_and_arguments():
         "process_output": (["id", "until", "wait_s"], ["id"]),
         "process_stop": (["id"], ["id"]),
         "read_image": (["path"], ["path"]),
+        "read_file": (["limit", "offset", "path"], ["path"]),
+        "write_file": (["content", "path"], ["path", "content"]),
+        "edit_file": (["all", "new", "old", "path"], ["path", "old", "new"]),
+        "find": (["glob", "path", "pattern"], []),
     }
     repl = next(t for t in TOOLS if t.name == "repl")
     assert repl.parameters["properties"]["language"]["enum"] == ["python", "node"]
-    assert READ_ONLY == {"process_output", "read_image"}
+    assert READ_ONLY == {"process_output", "read_image", "read_file", "find"}
 
 
-def test_schemas_cost_under_900_tokens():
+def test_schemas_cost_within_the_budget():
     sizes = {t.name: tokens(t) for t in TOOLS}
     total = sum(sizes.values())
     print(f"\ntool schemas: {total} tokens (chars/4) in all: {sizes}")

@@ -70,7 +70,7 @@ async def test_the_six_tools_and_repl_reset_as_the_agent_has_them(place, module_
         assert tool.annotations.destructive_hint is (None if spec.read_only else True)
         assert tool.annotations.open_world_hint is False
     assert {t.name for t in listed if t.annotations.read_only_hint} == \
-        {"process_output", "read_image"}
+        {"process_output", "read_image", "read_file", "find"}
     assert listed[-1].input_schema == {"type": "object", "properties": {}}
 
 
@@ -427,3 +427,33 @@ async def test_a_workspace_that_is_not_there(place):
         stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and done.stdout == b""
     assert f"--workspace {place.workspace}/nope: no such folder".encode() in done.stderr
+
+
+async def test_the_file_tools_through_the_sdk_client(place, module_daemon):
+    with open(os.path.join(place.workspace, "app.py"), "w") as f:
+        f.write("x = 1\n")
+    async with connect(place, socket=module_daemon.socket) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        read = await client.call_tool("read_file", {"path": "app.py"})
+        wrote = await client.call_tool("write_file", {"path": "sub/b.py", "content": "y = 2\n"})
+        edited = await client.call_tool("edit_file", {"path": "app.py", "old": "x = 1",
+                                                      "new": "x = 5"})
+        found = await client.call_tool("find", {"pattern": "= [25]"})
+    assert {"read_file", "write_file", "edit_file", "find"} <= names
+    assert not names & {"ask_user", "undo"}
+    assert texts(read) == ["     1\tx = 1"]
+    assert texts(wrote) == ["created sub/b.py (1 line)."] and not wrote.is_error
+    assert texts(edited) == ["edited app.py: 1 replacement."]
+    assert sorted(texts(found)[0].splitlines()) == ["app.py:1: x = 5", "sub/b.py:1: y = 2"]
+    with open(os.path.join(place.workspace, "app.py")) as f:
+        assert f.read() == "x = 5\n"
+
+
+async def test_a_file_write_to_a_read_only_session_fails_clearly(place, module_daemon):
+    async with connect(place, "--mode", "plan", socket=module_daemon.socket) as client:
+        wrote = await client.call_tool("write_file", {"path": "made", "content": "x"})
+        read = await client.call_tool("find", {"glob": "*"})
+    assert wrote.is_error and texts(wrote)[0].startswith(
+        "Plan mode is read-only, and this would write (write_file writes made)")
+    assert not read.is_error
+    assert os.listdir(place.workspace) == []
