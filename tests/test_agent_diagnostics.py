@@ -143,7 +143,7 @@ async def test_the_file_tools_edits_reach_the_next_request(kit):
         reply("", call("edit_file", path="bad.py", old="TYPE_ERROR", new="2")),
         reply("Fixed."),
     ])
-    agent = await kit.open(model=model, settings=fake("normal"))  # the real file tools
+    agent = await kit.open(model=model, settings=fake(kit, "normal"))  # the real file tools
     assert (await agent.run_turn("make the file")).outcome == "completed"
     first, after_write, after_edit = model.requests
     assert runtime_messages(first) == []
