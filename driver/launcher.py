@@ -24,7 +24,7 @@ must not trust what comes out of a sandbox). Seqpacket keeps datagrams whole, so
 and every shim write to the control channel without a lock.
 
     daemon -> reader shim, spawn channel: spawn (fds: the child's fds 0, 1, 2, ...)
-    daemon -> launcher:  ping
+    daemon -> launcher:  ping; helper (fds: the helper's socket; see start_helper)
     launcher -> daemon:  ready (fds: pidfd of the launcher), pong, error
     shim -> daemon:      started (fds: pidfd of the command, pidfd of the shim, hold pipe,
                          and the terminal's master side for a "tty" request), error, exited ("done": true when nothing of the tree is left), done
@@ -883,6 +883,7 @@ class Launcher:
         self.busy = {}  # pid -> Shim running a job
         self.reader_deaths = 0  # readers that died in a row without taking a job
         self.lost_jobs = set()  # taken by readers that died before "took": maybe still queued
+        self.helpers = set()  # pids of the daemon's helpers (start_helper)
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def shims(self):
@@ -1006,10 +1007,12 @@ class Launcher:
                 # SIGSTOP cannot be ignored: a command may stop any shim (kill -STOP -1),
                 # which would then never take, report or end a job. Its own processes the
                 # session may stop as it likes.
-                if os.WIFSTOPPED(status) and any(s.pid == pid for s in self.shims()):
+                if os.WIFSTOPPED(status) and (pid in self.helpers
+                                              or any(s.pid == pid for s in self.shims())):
                     signal_pid(pid, SIGCONT)
                 continue
             reaped = True
+            self.helpers.discard(pid)
             if pid not in {shim.pid for shim in self.shims()}:
                 others[pid] = status  # something a dead shim left, reparented to us
             for shim in self.standbys:
@@ -1070,7 +1073,7 @@ class Launcher:
         reparented to us, the subreaper) until nothing is left; {pid: wait status} of our
         direct children among it."""
         me = os.getpid()
-        shims = {shim.pid for shim in self.shims()}
+        shims = {shim.pid for shim in self.shims()} | self.helpers
         statuses = {}
         while True:
             children = child_map()
@@ -1181,16 +1184,36 @@ class Launcher:
             if host_fd not in events:
                 continue
             data, fds = recv(self.host)
-            for fd in fds:
-                os.close(fd)
-            if not data:
-                return  # the daemon is gone
-            msg = marshal.loads(data)
-            op = msg.get("op")
-            if op == "ping":
-                send(self.host, {"op": "pong", "n": msg.get("n")})
-            else:
-                print("launcher: ignoring unknown message %r" % (op,), file=sys.stderr)
+            try:
+                if not data:
+                    return  # the daemon is gone
+                msg = marshal.loads(data)
+                op = msg.get("op")
+                if op == "ping":
+                    send(self.host, {"op": "pong", "n": msg.get("n")})
+                elif op == "helper":
+                    self.start_helper(msg, fds)
+                else:
+                    print("launcher: ignoring unknown message %r" % (op,), file=sys.stderr)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    def start_helper(self, msg, fds):
+        """A helper of the daemon's (the file helper, driver/file_helper.py): argv run with
+        fds[0] as its fd 3, our child like the shims, ignoring the signals we ignore;
+        kill_orphans spares it and reap resumes it, as a shim."""
+        try:
+            moved = dup_above(fds[0], 10)
+            try:
+                pid = os.posix_spawn(msg["argv"][0], msg["argv"], msg["env"], setsid=True,
+                                     file_actions=[(os.POSIX_SPAWN_DUP2, moved, 3)])
+            finally:
+                os.close(moved)
+            self.helpers.add(pid)
+        except (OSError, KeyError, IndexError, TypeError) as e:
+            # The daemon sees its end of the socket close.
+            print("launcher: cannot start a helper: %s" % (e,), file=sys.stderr)
 
 
 def main():

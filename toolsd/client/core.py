@@ -39,6 +39,9 @@ class _Reply(msgspec.Struct):
     error: dict | None = None
     event: str | None = None
     data: Any = None
+    kind: str | None = None  # a file event's (1.2 "watch")
+    path: str | None = None
+    to: str | None = None
 
 
 # At most this per read: more costs an mmap and a munmap per read in some processes (see
@@ -93,7 +96,8 @@ class ClientCore:
             if reply.event is not None:
                 queue = self.events.get(reply.id)
                 if queue is not None:
-                    queue.append(Event(reply.id, reply.event, reply.data))
+                    queue.append(Event(reply.id, reply.event, reply.data or "",
+                                       reply.kind, reply.path, reply.to))
                 continue
             if reply.id == 0 and reply.error is not None:
                 # A connection-level refusal (bad_frame, frame_too_large): the daemon closes.
@@ -218,3 +222,31 @@ class Methods:
 
     def process_resize(self, id: str, cols: int, rows: int):
         return self.call("process.resize", id=id, cols=cols, rows=rows)
+
+    # 1.2 "files", "watch" (copying whole folders: client/copy.py)
+
+    def file_read(self, session: str, path: str, **options: Any):
+        return self.call("file.read", session=session, path=path, **options)
+
+    def file_write(self, session: str, path: str, data: bytes, **options: Any):
+        return self.call("file.write", session=session, path=path, data=data, **options)
+
+    def file_list(self, session: str, path: str, **options: Any):
+        return self.call("file.list", session=session, path=path, **options)
+
+    def file_stat(self, session: str, path: str):
+        return self.call("file.stat", session=session, path=path)
+
+    def file_mkdir(self, session: str, path: str, **options: Any):
+        return self.call("file.mkdir", session=session, path=path, **options)
+
+    def file_remove(self, session: str, path: str, **options: Any):
+        return self.call("file.remove", session=session, path=path, **options)
+
+    def file_rename(self, session: str, path: str, to: str, **options: Any):
+        return self.call("file.rename", session=session, path=path, to=to, **options)
+
+    def file_watch(self, session: str, path: str, on_event, **options: Any):
+        """Until cancelled (or the folder goes): `on_event(event)` for each change."""
+        return self.call("file.watch", on_event=on_event, session=session, path=path,
+                         **options)

@@ -106,13 +106,14 @@ class Connection:
         finally:
             self.send_lock.release()
 
-    async def send_event(self, request_id: int, data: str) -> None:
+    async def send_event(self, request_id: int, data: str | bytes) -> None:
         """Write one event frame of a streaming request (answers.Answer.emit), returning once
         it is out: the socket is the flow control, so a request has at most one event on its
         way and a client that does not read holds the tool that emits. Cancelled (its
         request, or the connection) before its first byte, it sends nothing; after, the rest
         of the frame waits in `_unsent`, which goes out before any other frame."""
-        frame = encode_frame(encode_event(request_id, data))
+        # bytes: an event body encoded by its tool (a file.watch's, wire/files.py).
+        frame = encode_frame(data if isinstance(data, bytes) else encode_event(request_id, data))
         await self.send_lock.acquire()
         view = memoryview(self._unsent + frame if self._unsent else frame)
         begun = bool(self._unsent)  # another frame's rest comes first: it must end whole

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Final, Generic, TypeVar
 import msgspec
 import trio
 
+from toolsd.daemon import file_methods as fm
 from toolsd.daemon.tenants import LOCAL, Scope, check, visible
 from toolsd.tools import images, processes, repl, shell
+from toolsd.wire import files as fw
 from toolsd.tools.calls import Answer, Detached
 from toolsd.wire.process_input import (
     ProcessResizeParams,
@@ -239,6 +241,14 @@ METHODS: Final[dict[str, Method]] = {
     "process.resize": Method(ProcessResizeParams, process_resize, scope=PROCESS),
     "process.list": Method(ProcessListParams, process_list, scope=SESSION, takes_tenant=True),
     "image.read": Method(ImageReadParams, image_read, scope=SESSION),
+    "file.read": Method(fw.FileReadParams, fm.file_read, scope=SESSION),
+    "file.write": Method(fw.FileWriteParams, fm.file_write, scope=SESSION),
+    "file.list": Method(fw.FileListParams, fm.file_list, scope=SESSION),
+    "file.stat": Method(fw.FileStatParams, fm.file_stat, scope=SESSION),
+    "file.mkdir": Method(fw.FileMkdirParams, fm.file_mkdir, scope=SESSION),
+    "file.remove": Method(fw.FileRemoveParams, fm.file_remove, scope=SESSION),
+    "file.rename": Method(fw.FileRenameParams, fm.file_rename, scope=SESSION),
+    "file.watch": Method(fw.FileWatchParams, fm.file_watch, takes_answer=True, scope=SESSION),
 }
 
 

@@ -67,6 +67,13 @@ class Entry:
     async def emit(self, data: str) -> None:
         await self._table.send_event(self.request.id, data)
 
+    @property
+    def request_id(self) -> int:
+        return self.request.id
+
+    async def emit_encoded(self, body: bytes) -> None:
+        await self._table.send_event(self.request.id, body)
+
     def run_after(self) -> None:
         """Run the work given to `after`, once: the connection calls it as the answer's
         first write starts, and again (finding nothing) once the request is over."""
@@ -95,7 +102,7 @@ class Entry:
 class RequestTable:
     def __init__(self, limit: int, *, start_task: Callable[[Entry], None],
                  deliver: Callable[[Entry, object], None],
-                 send_event: Callable[[int, str], Awaitable[None]] | None = None):
+                 send_event: Callable[[int, str | bytes], Awaitable[None]] | None = None):
         self.limit = limit
         self.taken = 0
         self._start_task = start_task  # run `entry` (its rest, if it has one) in a task

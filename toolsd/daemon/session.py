@@ -22,7 +22,7 @@ from toolsd.daemon import workspaces
 from toolsd.daemon.activity import Activity
 from toolsd.daemon.session_memory import MemoryNotes
 from toolsd.daemon.turn import Turn
-from toolsd.sandbox import cgroups, home
+from toolsd.sandbox import cgroups, file_helper, home
 from toolsd.sandbox.guards import MountGuard
 from toolsd.sandbox.launcher import Launcher, LauncherError
 from toolsd.sandbox.repositories import RepositoryWatch
@@ -134,6 +134,7 @@ class Session(MemoryNotes):
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
         self.guard = MountGuard(self.policy)
+        self.files = file_helper.FileHelper.of_session(self)  # file.*'s, started on first use
 
     # ------------------------------------------------------------ lifecycle
 

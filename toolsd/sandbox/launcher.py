@@ -324,6 +324,14 @@ class Launcher:
             raise LauncherDied(self._death or "the sandbox launcher died")
         return job
 
+    async def start_helper(self, argv: list[str], env: dict[str, str], fd: int) -> None:
+        """Have the launcher run `argv` as a helper of its own, with `fd` (the caller's, to
+        close) as its fd 3 (driver/launcher.py, start_helper). Nothing comes back on the
+        channel: the helper speaks on its socket, or the socket closes."""
+        self._check_alive()
+        await self._send({"op": "helper", "argv": [str(a) for a in argv], "env": dict(env)},
+                         [fd])
+
     async def ping(self) -> None:
         """Round trip to the launcher; LauncherDied if it is gone."""
         self._check_alive()

@@ -29,6 +29,15 @@ class Answer(Protocol):
         the rest of the frame still goes out whole (before the answer)."""
 
 
+    @property
+    def request_id(self) -> int:
+        """The request's id, for an event frame a tool encodes itself (emit_encoded)."""
+
+    async def emit_encoded(self, body: bytes) -> None:
+        """Send one event frame whose body the tool encoded itself (a file.watch's event,
+        wire/files.py), as `emit` sends an output event."""
+
+
 class Detached(Answer, Protocol):
     """A request in flight with no task of its own. A repl.exec on an idle, running
     interpreter needs none: the task that read it writes its code to the interpreter and

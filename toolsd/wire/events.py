@@ -15,11 +15,15 @@ EVENT_MAX_BYTES = 64 * 1024
 
 
 class Event(msgspec.Struct):
-    """One event of a streaming request: `data` is output rendered as `output` is."""
+    """One event of a streaming request: `data` is output rendered as `output` is; a
+    file.watch's ("file", protocol 1.2) has `kind`, `path` and, for a move, `to` instead."""
 
     id: int
     event: str
-    data: str
+    data: str = ""
+    kind: str | None = None
+    path: str | None = None
+    to: str | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()

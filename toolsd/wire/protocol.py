@@ -18,7 +18,8 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 # The 1.1 features this daemon has built, as `hello` lists them. A request that uses one of
 # the others is refused (UNBUILT below), never half-served.
-FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "tcp", "tenants")
+FEATURES = ("spill", "cwd", "figures", "tty", "stdin", "stream", "tcp", "tenants", "files",
+            "watch")
 
 # Error codes (the complete list of the contract).
 BAD_FRAME = "bad_frame"

@@ -1,0 +1,40 @@
+"""The handlers of the file methods (protocol 1.2 "files", "watch") for dispatch.py's table:
+each runs its tool (tools/files.py, tools/file_watch.py) on the session its params name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from toolsd.tools import file_watch as file_watch_tool, files
+from toolsd.tools.calls import Answer
+from toolsd.wire.files import FileWatchParams, FileWatchResult
+
+if TYPE_CHECKING:
+    from toolsd.daemon.session import Session
+    from toolsd.daemon.supervisor import Supervisor
+
+__all__ = ["file_read", "file_write", "file_list", "file_stat", "file_mkdir", "file_remove",
+           "file_rename", "file_watch"]
+
+
+def _on_session(tool: Callable[[Session, object], Awaitable[object]]):
+    async def handler(sup: Supervisor, p) -> object:
+        with sup.session(p.session).call() as session:
+            return await session.reported(await tool(session, p))
+
+    handler.__name__ = f"file_{tool.__name__}"
+    return handler
+
+
+file_read = _on_session(files.read)
+file_write = _on_session(files.write)
+file_list = _on_session(files.listing)
+file_stat = _on_session(files.stat)
+file_mkdir = _on_session(files.mkdir)
+file_remove = _on_session(files.remove)
+file_rename = _on_session(files.rename)
+
+
+async def file_watch(sup: Supervisor, p: FileWatchParams, answer: Answer) -> FileWatchResult:
+    with sup.session(p.session).call() as session:
+        return await file_watch_tool.watch(session, p, answer)

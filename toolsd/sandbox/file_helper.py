@@ -1,0 +1,310 @@
+"""Host side of a session's file helper (driver/file_helper.py, where the frames are described):
+started through the launcher on first use, one stream socket, requests matched to replies by
+id, a watch's events handed to its callback as they come.
+
+Resource handling: a FileHelper belongs to its Session. Its socket and its reader task live in
+the session's nursery (`start_soon`), so they end with the session; the helper itself is a
+process of the sandbox, which ends with the sandbox. A helper that dies (killed from inside
+the session) fails the calls in flight with io_error; the next call starts a new one.
+
+What comes out of the helper is not trusted: every header is decoded into a Struct, lengths
+are checked before anything is read, a malformed frame ends that helper.
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+from collections.abc import Callable, Mapping
+
+import msgspec
+import trio
+
+from driver import FILE_HELPER_PY
+from toolsd.sandbox.mount_plan import plan_mounts
+from toolsd.sandbox.policy import Policy
+from toolsd.wire.protocol import (
+    BAD_PARAMS,
+    IO_ERROR,
+    LIMIT_EXCEEDED,
+    NOT_FOUND,
+    SANDBOX_UNAVAILABLE,
+    ToolsdError,
+)
+
+__all__ = ["FileHelper", "MAX_READ"]
+
+log = logging.getLogger("toolsd.files")
+
+HEADER = struct.Struct(">II")
+MAX_READ = 8 << 20  # the most one read's data may be (driver/_file_ops.py MAX_READ)
+MAX_HEADER = 8 << 20  # a listing's header is the largest (its LIST_BUDGET, and room)
+START_TIMEOUT_S = 30.0
+# A send to a helper that takes no data for this long: the helper is stuck (a hung mount?),
+# and is killed, failing what it was doing.
+SEND_TIMEOUT_S = 60.0
+_CODES = {NOT_FOUND, IO_ERROR, LIMIT_EXCEEDED, BAD_PARAMS}
+_RECV = 1 << 16
+READ_SLOTS = 4
+
+
+class _Error(msgspec.Struct):
+    code: str
+    message: str
+
+
+class _Reply(msgspec.Struct):
+    id: int
+    ok: dict | None = None
+    error: _Error | None = None
+    events: list[tuple[str, str, str | None]] | None = None  # a watch's
+    dropped: int = 0
+    started: bool = False
+
+
+_decode_reply = msgspec.json.Decoder(_Reply).decode
+_encode = msgspec.json.Encoder().encode
+
+
+class _Waiter:
+    __slots__ = ("done", "reply", "data", "on_events")
+
+    def __init__(self, on_events: Callable[[list, int], None] | None = None):
+        self.done = trio.Event()
+        self.reply: _Reply | None = None
+        self.data = b""
+        self.on_events = on_events  # a watch's: called with each batch; never awaits
+
+
+class FileHelper:
+    def __init__(self, *, workspace: str, policy: Policy, file_limit: int,
+                 env: Mapping[str, str]):
+        self._workspace = workspace
+        self._policy = policy
+        self._file_limit = file_limit
+        self._env = dict(env)
+        self._sock: socket.socket | None = None
+        self._pidfd: int | None = None
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, _Waiter] = {}
+        self._start_lock = trio.Lock()
+        self._send_lock = trio.Lock()
+        self._why_gone = ""
+        # Reads whose data the daemon may hold at once (each up to MAX_READ): the rest wait.
+        self.read_slots = trio.Semaphore(READ_SLOTS)
+
+    @classmethod
+    def of_session(cls, session) -> FileHelper:
+        return cls(workspace=session.workspace, policy=session.policy,
+                   file_limit=session.limits.file_mb << 20, env=session.env)
+
+    def _config(self) -> dict:
+        plan = plan_mounts(self._policy)
+        return {"op": "config", "id": 0, "workspace": self._workspace,
+                "hidden": [*plan.hidden_dirs, *plan.hidden_files],
+                "outer_hidden": list(plan.outer_hidden_dirs),
+                "file_limit": self._file_limit}
+
+    # ------------------------------------------------------------ start
+
+    async def _ensure(self, launcher, start_soon) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        async with self._start_lock:
+            if self._sock is None:
+                await self._start(launcher, start_soon)
+            return self._sock
+
+    async def _start(self, launcher, start_soon) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            await launcher.start_helper([sys.executable, "-I", "-S", FILE_HELPER_PY, "3"],
+                                        self._env, theirs.fileno())
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        hello = self._waiters[0] = _Waiter()
+        self._sock = ours
+        self._why_gone = ""
+        start_soon(self._read_loop, ours)
+        try:
+            await self._send(ours, self._config())
+            with trio.move_on_after(START_TIMEOUT_S):
+                await hello.done.wait()
+        finally:
+            self._waiters.pop(0, None)
+        if hello.reply is None or hello.reply.ok is None:
+            self._gone(ours, self._why_gone or "it did not start")
+            raise ToolsdError(SANDBOX_UNAVAILABLE, f"the session's file helper did not start "
+                              f"({self._why_gone or 'no answer'}); the daemon log may say why")
+
+    # ------------------------------------------------------------ calls
+
+    async def call(self, launcher, start_soon, meta: dict, data: bytes = b"",
+                   on_events: Callable[[list, int, bool], None] | None = None,
+                   on_sent: Callable[[int], None] | None = None) -> tuple[dict, bytes]:
+        """(result, data) of one request to the helper; ToolsdError for its error reply, or
+        io_error if the helper died meanwhile. With `on_events` (a watch), its batches of
+        events go there, `on_events(events, dropped so far, started)`, until the final
+        reply; `on_sent(id)` once the request is out (the id `stop_watch` takes)."""
+        sock = await self._ensure(launcher, start_soon)
+        rid = next(self._ids)
+        waiter = self._waiters[rid] = _Waiter(on_events)
+        try:
+            await self._send(sock, {**meta, "id": rid}, data)
+            if on_sent is not None:
+                on_sent(rid)
+            await waiter.done.wait()
+        finally:
+            self._waiters.pop(rid, None)
+        reply = waiter.reply
+        if reply is None:
+            raise ToolsdError(IO_ERROR, f"the session's file helper ended during the call "
+                              f"({self._why_gone or 'killed'}); try again")
+        if reply.error is not None:
+            code = reply.error.code if reply.error.code in _CODES else IO_ERROR
+            raise ToolsdError(code, reply.error.message)
+        return reply.ok or {}, waiter.data
+
+    async def stop_watch(self, rid: int) -> None:
+        sock = self._sock
+        if sock is not None and rid in self._waiters:
+            await self._send(sock, {"op": "unwatch", "id": next(self._ids), "watch": rid})
+
+    async def _send(self, sock: socket.socket, meta: dict, data: bytes = b"") -> None:
+        head = _encode(meta)
+        frame = HEADER.pack(len(head), len(data)) + head
+        async with self._send_lock:
+            # Whole or not at all: half a frame would garble every later one.
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(SEND_TIMEOUT_S) as timer:
+                    try:
+                        await _send_all(sock, frame)
+                        if data:
+                            await _send_all(sock, data)
+                    except OSError as e:
+                        self._gone(sock, f"its socket failed: {e}")
+                        return
+                if timer.cancelled_caught:
+                    self._gone(sock, f"it took nothing for {SEND_TIMEOUT_S:g} s")
+
+    # ------------------------------------------------------------ replies
+
+    async def _read_loop(self, sock: socket.socket) -> None:
+        buf = bytearray()
+        why = "its socket closed"
+        try:
+            while True:
+                while len(buf) < HEADER.size:
+                    if not await self._recv(sock, buf):
+                        return
+                head, size = HEADER.unpack_from(buf)
+                if head > MAX_HEADER or size > MAX_READ:
+                    why = f"it sent a frame of {head} + {size} bytes, over the limit"
+                    return
+                while len(buf) < HEADER.size + head:
+                    if not await self._recv(sock, buf):
+                        return
+                try:
+                    reply = _decode_reply(bytes(buf[HEADER.size:HEADER.size + head]))
+                except msgspec.DecodeError as e:
+                    why = f"it sent a header that is not ours ({e})"
+                    return
+                del buf[:HEADER.size + head]
+                data = b""
+                if size:
+                    data = bytearray(size)
+                    got = min(len(buf), size)
+                    data[:got] = buf[:got]
+                    del buf[:got]
+                    view = memoryview(data)
+                    while got < size:
+                        n = await _recv_into(sock, view[got:])
+                        if not n:
+                            return
+                        got += n
+                    view.release()
+                self._deliver(reply, data)
+        except (OSError, trio.ClosedResourceError) as e:
+            why = f"its socket failed: {e}"
+        finally:
+            self._gone(sock, why)
+
+    async def _recv(self, sock: socket.socket, buf: bytearray) -> bool:
+        while True:
+            try:
+                data, anc, _flags, _ = sock.recvmsg(_RECV, socket.CMSG_SPACE(4),
+                                                    socket.MSG_CMSG_CLOEXEC)
+                break
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                for fd in fds:
+                    if self._pidfd is None and sock is self._sock:
+                        self._pidfd = fd  # the helper's, with its hello
+                    else:
+                        os.close(fd)
+        buf += data
+        return bool(data)
+
+    def _deliver(self, reply: _Reply, data: bytes) -> None:
+        waiter = self._waiters.get(reply.id)
+        if waiter is None:
+            return  # its caller gave up
+        if reply.events is not None and waiter.on_events is not None:
+            try:
+                waiter.on_events(reply.events, reply.dropped, reply.started)
+            except Exception:
+                log.exception("a watch's events could not be handled")
+        if reply.ok is None and reply.error is None:
+            return  # events only
+        waiter.reply = reply
+        waiter.data = data
+        waiter.done.set()
+
+    def _gone(self, sock: socket.socket, why: str) -> None:
+        """The helper on `sock` is done for: kill it, fail what waits on it."""
+        if sock is not self._sock:
+            return
+        self._why_gone = why
+        self._sock = None
+        if self._pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(self._pidfd)
+            self._pidfd = None
+        trio.lowlevel.notify_closing(sock)
+        sock.close()
+        for waiter in self._waiters.values():
+            waiter.done.set()
+
+
+async def _send_all(sock: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+
+
+async def _recv_into(sock: socket.socket, view: memoryview) -> int:
+    while True:
+        try:
+            return sock.recv_into(view)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
