@@ -8,6 +8,7 @@ import sys
 from agent import cli as agent_cli, mcp_server
 from toolsd.cli import (
     attach,
+    cluster,
     doctor,
     exec as exec_,
     image,
@@ -25,7 +26,7 @@ from toolsd.client import ToolsdError
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
 COMMANDS = (serve, status, doctor, exec_, image, ps, logs, attach, kill, repl, agent_cli,
-            mcp_server, token)
+            mcp_server, token, cluster)
 
 
 def main(argv: list[str] | None = None) -> int:

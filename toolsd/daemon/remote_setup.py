@@ -14,6 +14,7 @@ import os
 from toolsd.daemon import certs, tokens
 from toolsd.daemon.ratelimit import FailureLimiter
 from toolsd.daemon.tls_serve import Remote
+from toolsd.daemon.token_reload import ReloadingTokens
 from toolsd.wire.urls import Address, parse_url
 
 __all__ = ["SetupError", "parse_listen", "prepare", "write_info", "INFO_FILE"]
@@ -48,7 +49,7 @@ def prepare(state_dir: str, hosts: list[str], *, cert: str | None, key: str | No
     except (certs.CertificateError, OSError) as e:
         raise SetupError(str(e)) from None
     try:
-        table = (tokens.load_file(tokens_file) if tokens_file is not None
+        table = (ReloadingTokens(tokens_file) if tokens_file is not None
                  else tokens.default_token(state_dir)[0])
     except tokens.TokenFileError as e:
         raise SetupError(f"--tokens: {e}" if tokens_file else str(e)) from None
