@@ -342,6 +342,7 @@ SECTIONS = {
     "home": section("bench_home", "bench_home"),
     "big-workspace": section("bench_home", "bench_big_workspace"),
     "remote": section("bench_remote", "bench_remote"),
+    "cluster": section("bench_cluster", "bench_cluster"),
 }
 
 

@@ -18,6 +18,8 @@ import psutil
 
 ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
        "RAY_DEDUP_LOGS": "0"}
+# Read by Ray when it is imported: set before any test module imports it.
+os.environ.update(ENV)
 SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
                  "health_check_initial_delay_ms": 0}
 

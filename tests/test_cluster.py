@@ -15,9 +15,10 @@ import os
 import psutil
 import pytest
 
+from tests._cluster import ours, simulated_cluster  # before ray: it sets Ray's environment
+
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install toolsd[cluster]")
 
-from tests._cluster import ours, simulated_cluster  # noqa: E402
 from toolsd.client import Client, ToolsdError  # noqa: E402
 from toolsd.cluster import Cluster, SessionHandle  # noqa: E402
 

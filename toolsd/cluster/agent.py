@@ -180,6 +180,10 @@ class NodeAgent:
     def _write_tokens(self) -> None:
         self.files.write_tokens({e["tenant"]: e["token"] for e in self.leases.values()})
 
+    async def why(self, lease: str) -> str | None:
+        """Why a lost lease ended (None: not one of the lost)."""
+        return next((e["reason"] for e in self.lost if e["lease"] == lease), None)
+
     async def status(self) -> dict:
         return {"node": self.node_id, "url": self.url, "fingerprint": self.fingerprint,
                 "pid": self.proc.pid if self.proc else None, "restarts": self.restarts,

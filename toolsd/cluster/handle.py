@@ -89,6 +89,13 @@ class SessionHandle:
             return f"{where} cannot be reached, and Ray still counts its node alive"
         except (ValueError, ray.exceptions.RayActorError):
             pass
+        try:  # the lease is gone; its node's agent remembers why, if the node is up
+            agent = ray.get_actor(names.agent_name(self.node), namespace=names.NAMESPACE)
+            reason = ray.get(agent.why.remote(self.lease), timeout=PROBE_S)
+            if reason:
+                return f"{where} has ended: {reason}; open a new session"
+        except (ValueError, ray.exceptions.RayError):
+            pass
         alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
         if not alive.get(self.node, False):
             return (f"{where} is lost: the node was lost (it left the Ray cluster); open a "

@@ -30,7 +30,14 @@ class Lease:
 
     async def open(self, params: dict) -> dict:
         node = ray.get_runtime_context().get_node_id()
-        agent = ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
+        try:
+            agent = ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
+        except ValueError:
+            # A node that just joined: Ray placed us before the manager saw it. Have the
+            # manager start its agent now rather than at its next look.
+            manager = ray.get_actor(names.MANAGER, namespace=names.NAMESPACE)
+            await manager.sync.remote()
+            agent = ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
         return await agent.open_lease.remote(self.name, self.job, params)
 
     async def wait_end(self) -> str:
