@@ -237,3 +237,63 @@ def test_cluster_status_names_every_node_with_slots_only(sim):
     entry = status["nodes"][0]
     assert entry["url"].startswith("tls://127.0.0.1:") and entry["fingerprint"]
     assert os.path.exists(os.path.join(toolsd.root))
+
+
+OWNER = r"""
+import json, os, sys
+import ray
+from toolsd.cluster import Cluster
+ray.init(address=sys.argv[1], namespace="toolsd", log_to_driver=False)
+h = Cluster(root=sys.argv[2]).open_session()
+print(json.dumps({"session": h.session, "lease": h.lease, "node": h.node}), flush=True)
+os._exit(0)  # gone without closing: its job ends
+"""
+
+
+def test_a_lease_whose_job_ended_ends_its_session(sim):
+    import json
+    import subprocess
+    import sys
+
+    cluster, toolsd = sim
+    node = cluster.add_node(2)
+    toolsd.up()
+    out = subprocess.run([sys.executable, "-c", OWNER, cluster.cluster.address, toolsd.root],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    opened = json.loads(out.strip().splitlines()[-1])
+    try:
+        lease = ray.get_actor(opened["lease"], namespace="toolsd")
+        reason = ray.get(lease.wait_end.remote(), timeout=120)
+        assert "job" in reason
+    except (ValueError, ray.exceptions.RayActorError):
+        pass  # ended and gone already
+    status = {n["node"]: n for n in toolsd.status()["nodes"]}[node.node_id]
+    assert status["used"] == 0 and opened["session"] not in status["sessions"]
+
+
+def test_toolsd_cluster_up_status_down_for_a_person(sim):
+    import json
+    import subprocess
+    import sys
+
+    cluster, toolsd = sim
+    node = cluster.add_node(4)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "toolsd", "cluster", *args, "--address",
+                               cluster.cluster.address, "--root", toolsd.root],
+                              capture_output=True, text=True, timeout=300)
+
+    up = cli("up")
+    assert up.returncode == 0, up.stderr
+    assert node.node_id[:12] in up.stdout and "tls://127.0.0.1:" in up.stdout
+    h = toolsd.open_session()
+    status = json.loads(cli("status", "--json").stdout)
+    entry = {n["node"]: n for n in status["nodes"]}[node.node_id]
+    assert (entry["slots"], entry["used"], entry["free"]) == (4, 1, 3)
+    assert entry["sessions"] == [h.session]
+    down = cli("down")
+    assert down.returncode == 0, down.stderr
+    assert not psutil.pid_exists(entry["pid"]) or psutil.Process(entry["pid"]).status() == "zombie"
+    with pytest.raises(ToolsdError):
+        h.connect().shell_run(h.session, "true")

@@ -84,7 +84,12 @@ class Cluster:
 
     def down(self) -> None:
         """End every session and daemon, and the manager."""
-        manager = self._connect()
-        ray.get(manager.down.remote())
-        ray.kill(manager)
+        try:
+            ray.get(self._connect().down.remote())
+        except ray.exceptions.RayActorError:
+            # Taken down by someone else (`toolsd cluster down`): a new manager finds any
+            # agent left by name.
+            self._manager = None
+            ray.get(self._connect().down.remote())
+        ray.kill(self._manager)
         self._manager = None

@@ -102,6 +102,13 @@ class Manager:
 
     async def down(self) -> None:
         self.stopped = True
+        for node in (n["NodeID"] for n in ray.nodes() if n["Alive"]):
+            if node not in self.agents:  # one a manager before this one started
+                try:
+                    self.agents[node] = ray.get_actor(names.agent_name(node),
+                                                      namespace=names.NAMESPACE)
+                except ValueError:
+                    pass
         agents = list(self.agents.values())
         await asyncio.gather(*(a.stop.remote() for a in agents), return_exceptions=True)
         for agent in agents:
