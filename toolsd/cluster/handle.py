@@ -43,6 +43,11 @@ class SessionHandle:
     def close(self) -> None:
         """End the session and its lease (frees the slot); nothing if already ended."""
         ray = _ray()
+        if ray is None or not ray.is_initialized():
+            raise RuntimeError("closing a cluster session needs Ray: call close() from a "
+                               "process connected to the cluster (ray.init(address=...)), "
+                               "or session.close through the Client and let the lease end "
+                               "with its job")
         try:
             lease = ray.get_actor(self.lease, namespace=names.NAMESPACE)
         except ValueError:
