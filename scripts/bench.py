@@ -346,6 +346,7 @@ SECTIONS = {
     "egress": section("bench_egress", "bench_egress"),
     "files-cp": section("bench_files", "bench_cp"),
     "files-read": section("bench_files", "bench_read"),
+    "cluster": section("bench_cluster", "bench_cluster"),
 }
 
 

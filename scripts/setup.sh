@@ -21,8 +21,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.toolsd-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "setup: installing toolsd, the MCP SDK and the test tools into .venv" >&2
-    .venv/bin/pip install -q --disable-pip-version-check -e ".[test,mcp]"
+    echo "setup: installing toolsd, the MCP SDK, Ray and the test tools into .venv" >&2
+    .venv/bin/pip install -q --disable-pip-version-check -e ".[test,mcp,cluster]"
     touch "$stamp"
 fi
 

@@ -251,6 +251,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "tls_daemon: the daemon also listens on TLS at 127.0.0.1 (RunningDaemon.url, "
         "fingerprint, token)")
+    config.addinivalue_line(
+        "markers", "cluster_heavy: the 150-session Ray cluster test (minutes); run it alone "
+        "with -m cluster_heavy, or leave it out with -m 'not cluster_heavy'")
 
 
 class DaemonView:

@@ -15,7 +15,7 @@ MAX_LINES = 400
 # The one long module the issue allows: the launcher runs in the sandbox as one file.
 LONG_ALLOWED = {"driver/launcher.py"}
 
-LAYERS = ("wire", "runtime", "client", "sandbox", "tools", "daemon", "cli")
+LAYERS = ("wire", "runtime", "client", "sandbox", "tools", "daemon", "cluster", "cli")
 # Layer of the importing module -> layers it may import at all.
 ALLOWED = {
     "wire": {"wire"},
@@ -24,13 +24,16 @@ ALLOWED = {
     "sandbox": {"wire", "runtime", "sandbox", "driver"},
     "tools": {"wire", "runtime", "sandbox", "tools", "driver"},
     "daemon": {"wire", "runtime", "sandbox", "tools", "daemon", "driver"},
+    # The cluster starts daemons as processes (`toolsd serve`) and talks to them as a client.
+    "cluster": {"wire", "client", "cluster"},
     "cli": {"wire", "client", "cli"},
 }
 # `toolsd serve` starts the daemon and `toolsd doctor` probes bubblewrap: both import inside
 # the command's function, so the other subcommands load none of it.
 EXCEPTIONS = {("toolsd.cli.serve", "toolsd.daemon.serve"),
               ("toolsd.cli.doctor", "toolsd.sandbox.probe"),
-              ("toolsd.cli.doctor", "toolsd.sandbox.host_checks")}
+              ("toolsd.cli.doctor", "toolsd.sandbox.host_checks"),
+              ("toolsd.cli.cluster", "toolsd.cluster")}
 # Tools may name the daemon's Session and Supervisor in annotations, never at run time.
 TYPING_ONLY = {"toolsd.daemon.session", "toolsd.daemon.supervisor"}
 # The server: what reads the socket and routes requests. Tools never see it.

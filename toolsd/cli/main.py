@@ -9,6 +9,7 @@ from agent import cli as agent_cli, mcp_server
 from toolsd.cli import (
     attach,
     close_session,
+    cluster,
     cp,
     doctor,
     exec as exec_,
@@ -33,7 +34,7 @@ from toolsd.client import ToolsdError
 # Each has add_parser(sub, common); `toolsd --help` lists them in this order. Importing one
 # costs argparse and the client at most: the daemon's modules load only for `serve`.
 COMMANDS = (serve, status, doctor, open_session, exec_, start, close_session, image, cp, ps,
-            logs, attach, kill, repl, forward, net, agent_cli, mcp_server, token)
+            logs, attach, kill, repl, forward, net, agent_cli, mcp_server, token, cluster)
 
 
 def main(argv: list[str] | None = None) -> int:
