@@ -19,7 +19,7 @@ def add_parser(sub, common) -> None:
                    "~/.local/state/toolsd-cluster on each node)")
     p.add_argument("--port", type=int, default=0,
                    help="the daemons' TLS port (default: any free one)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="status as JSON (default: a table)")
     p.set_defaults(func=cmd_cluster)
 
 
