@@ -123,9 +123,24 @@ def session_policy(*, workspace: str, scratch: str, writable: bool, network: str
         proc_read_only=tuple(p for p in PROC_READ_ONLY if os.path.exists(p)),
         folders=view.folders,
         home=home_dir if view.home_is_own else "",
-        resolv_conf=resolv_conf,
+        **resolv_conf_binds(resolv_conf),
         listens=listens,
     )
+
+
+def resolv_conf_binds(resolv_conf: str) -> dict[str, str]:
+    """The Policy's resolv_conf fields: `resolv_conf` (the proxy's; "" for the host's
+    network) bound where the host's /etc/resolv.conf leads. That may be a symlink into /run
+    (systemd-resolved's), which sessions hide: the host's own file is then bound back at its
+    path for the host's network, or the bind would fail for the proxy's."""
+    at = os.path.realpath("/etc/resolv.conf")
+    if at == "/etc/resolv.conf":
+        return {"resolv_conf": resolv_conf}
+    if not resolv_conf:
+        if not os.path.isfile(at):
+            return {}
+        resolv_conf = at
+    return {"resolv_conf": resolv_conf, "resolv_conf_at": at}
 
 
 def make_hooks_folder(workspace: str) -> None:
