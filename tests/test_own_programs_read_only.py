@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+import toolsd
 from conftest import needs_bwrap
 from driver import DRIVER_DIR
 from toolsd.client import ToolsdError
@@ -39,9 +40,16 @@ def test_toolsd_own_programs_inside_a_workspace_are_read_only(client):
             client.file_write(s, planted, b"raise SystemExit\n")
         assert e.value.code == "io_error" and "read-only" in e.value.message
         assert not os.path.exists(planted)
+        # So is the agent beside it (`toolsd agent` runs it on the host).
+        agent = os.path.join(os.path.dirname(os.path.dirname(toolsd.__file__)), "agent")
+        if os.path.isdir(agent):
+            out = client.shell_run(s, f"touch {agent}/{name}; echo rc=$?")["output"]
+            assert "rc=1" in out and not os.path.exists(os.path.join(agent, name)), out
         # The rest of the workspace stays writable.
         assert client.shell_run(s, f"touch {name} && rm {name} && echo ok")["output"] == "ok\n"
     finally:
         client.session_close(s)
-        if os.path.exists(planted):
-            os.unlink(planted)
+        for path in (planted, os.path.join(os.path.dirname(os.path.dirname(
+                toolsd.__file__)), "agent", name)):
+            if os.path.exists(path):
+                os.unlink(path)

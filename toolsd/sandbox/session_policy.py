@@ -56,8 +56,12 @@ def own_programs() -> dict[str, str]:
     write them: a changed driver would run in every later session (any tenant's), a changed
     module in the unsandboxed daemon. A workspace in one is refused; one inside a workspace is
     bound read-only there."""
+    package = os.path.dirname(toolsd.__file__)
+    # agent/ (`toolsd agent`, run on the host) is installed beside toolsd/ (pyproject.toml).
+    agent = os.path.join(os.path.dirname(package), "agent")
     found = {os.path.realpath(p): "toolsd's own program files (the daemon and every "
-             "sandbox run them)" for p in (*own_files(), os.path.dirname(toolsd.__file__))}
+             "sandbox run them)" for p in (*own_files(), package, agent)
+             if p != agent or os.path.isfile(os.path.join(agent, "__init__.py"))}
     for p in (*site.getsitepackages(), site.getusersitepackages()):
         if os.path.isdir(p):
             found.setdefault(os.path.realpath(p), "the site-packages the daemon imports from")
