@@ -77,7 +77,9 @@ class OwnDaemon:
         die_with_parent = _parent_death_signal(signal.SIGTERM)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "toolsd", "serve", "--socket", socket_path,
+                # -P: `-m` would put the current folder (the person's workspace, which
+                # the sandbox writes) first on sys.path of this unsandboxed daemon.
+                [sys.executable, "-P", "-m", "toolsd", "serve", "--socket", socket_path,
                  "--no-warm-spare"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=log if log is not None else stderr,

@@ -34,6 +34,5 @@ def notices(command: str, result: dict, *, session_kept: bool = False) -> list[s
         lines.extend(f"  {item}" for item in host_exec)
     denied = result.get("network_denied") or []
     if denied:
-        lines.append(f"toolsd {command}: network refused to the sandbox "
-                     f"({len(denied)}): {', '.join(denied)}")
+        lines.append(f"toolsd {command}: network refused {', '.join(denied)}")
     return lines

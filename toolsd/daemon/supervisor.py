@@ -130,6 +130,14 @@ class Supervisor:
                  self.work_root: "toolsd's work root (the workspaces it makes for sessions)"}
         for path in self.config.hidden:
             named.setdefault(path, "hidden by toolsd serve --hide")
+        # What lets a client in, where given outside the state folder and --hide folders: a
+        # session of one tenant would read the others' tokens (or the TLS key) from the
+        # read-only root. (A file hidden alone is a mount on it: replacing it on the host
+        # ends open sessions, docs/remote.md; a folder of its own given to --hide does not.)
+        for path, what in ((self.config.tokens_file, "toolsd's tokens file (--tokens)"),
+                           (self.config.tls_key, "toolsd's TLS key (--tls-key)")):
+            if path and not any(_inside(os.path.abspath(path), h) for h in named):
+                named[os.path.abspath(path)] = what
         return named
 
     # ------------------------------------------------------------ sessions
@@ -281,3 +289,7 @@ class Supervisor:
         except OSError as e:
             log.warning("could not write the id counters back (%s); the next daemon skips "
                         "the ids this one reserved", e)
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")

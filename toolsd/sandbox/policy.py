@@ -26,6 +26,7 @@ No seccomp filter: see DESIGN.md ("One sandbox per session").
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -123,6 +124,7 @@ class Policy:
     # all mounts, and the one capability the launcher needs to listen on port 53 (it drops
     # it once it has; see driver/launcher.py, listen_inside).
     resolv_conf: str = ""
+    resolv_conf_at: str = ""  # the host's /etc/resolv.conf resolved; "": that path
     listens: bool = False
 
     def __post_init__(self) -> None:
@@ -175,7 +177,12 @@ def bwrap_argv(policy: Policy, bwrap: str = "bwrap") -> list[str]:
     for path in plan.hidden_files:
         args += ["--ro-bind", "/dev/null", path]
     if policy.resolv_conf:
-        args += ["--ro-bind", policy.resolv_conf, "/etc/resolv.conf"]
+        # Where the host's /etc/resolv.conf leads (systemd-resolved's symlink into /run,
+        # hidden above): bound there, its folder made first in the hidden tmpfs.
+        at = policy.resolv_conf_at or "/etc/resolv.conf"
+        if at != "/etc/resolv.conf":
+            args += ["--dir", posixpath.dirname(at)]
+        args += ["--ro-bind", policy.resolv_conf, at]
     args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
              "--unshare-cgroup-try"]
     if policy.network == "none":

@@ -7,8 +7,10 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import site
 import sys
 
+import toolsd
 from driver import DRIVER_DIR
 from toolsd.sandbox import home, overlay, workspace_rules
 from toolsd.sandbox.policy import PROC_READ_ONLY, Policy, check_env_size, validate_env
@@ -47,6 +49,30 @@ def own_files() -> tuple[str, ...]:
                          os.path.dirname(os.path.abspath(sys.executable))}))
 
 
+@functools.cache
+def own_programs() -> dict[str, str]:
+    """{folder: what it is} of the code the daemon (on the host) and every sandbox run:
+    toolsd's package and drivers, the interpreter and its site-packages. A session must never
+    write them: a changed driver would run in every later session (any tenant's), a changed
+    module in the unsandboxed daemon. A workspace in one is refused; one inside a workspace is
+    bound read-only there."""
+    package = os.path.dirname(toolsd.__file__)
+    # agent/ (`toolsd agent`, run on the host) is installed beside toolsd/ (pyproject.toml).
+    agent = os.path.join(os.path.dirname(package), "agent")
+    found = {os.path.realpath(p): "toolsd's own program files (the daemon and every "
+             "sandbox run them)" for p in (*own_files(), package, agent)
+             if p != agent or os.path.isfile(os.path.join(agent, "__init__.py"))}
+    for p in (*site.getsitepackages(), site.getusersitepackages()):
+        if os.path.isdir(p):
+            found.setdefault(os.path.realpath(p), "the site-packages the daemon imports from")
+    return found
+
+
+def own_programs_in(workspace: str) -> tuple[str, ...]:
+    return tuple(p for p in own_programs() if p != workspace and p.startswith(workspace + "/")
+                 and os.path.isdir(p))
+
+
 def own_files_under_tmp() -> tuple[str, ...]:
     """own_files() under /tmp: a session's /tmp is its private scratch folder, so without
     binding them back, a checkout under /tmp could not start a single session. (In a home
@@ -64,7 +90,7 @@ def plan_view(*, home_path: str, workspace: str, hidden_paths, shown,
     if not made:
         check_outside(workspace, own_home=home_path, shown=shown, own_folders={
             **hidden_paths, **{d: "the host's service sockets, hidden from every session"
-                               for d in RUNTIME_DIRS}})
+                               for d in RUNTIME_DIRS}, **own_programs()})
     real_home = os.path.realpath(home_path)
     with_overlay = bwrap is not None and os.path.isdir(real_home) and \
         not overlay.why_no_overlay(bwrap, real_home)
@@ -86,6 +112,7 @@ def session_policy(*, workspace: str, scratch: str, writable: bool, network: str
     if writable:
         make_hooks_folder(workspace)
     protected = [os.path.join(workspace, ".git", p) for p in ("hooks", "config")]
+    protected += own_programs_in(workspace)
     return Policy(
         workspace=workspace,
         scratch=scratch,
@@ -100,9 +127,24 @@ def session_policy(*, workspace: str, scratch: str, writable: bool, network: str
         proc_read_only=tuple(p for p in PROC_READ_ONLY if os.path.exists(p)),
         folders=view.folders,
         home=home_dir if view.home_is_own else "",
-        resolv_conf=resolv_conf,
+        **resolv_conf_binds(resolv_conf),
         listens=listens,
     )
+
+
+def resolv_conf_binds(resolv_conf: str) -> dict[str, str]:
+    """The Policy's resolv_conf fields: `resolv_conf` (the proxy's; "" for the host's
+    network) bound where the host's /etc/resolv.conf leads. That may be a symlink into /run
+    (systemd-resolved's), which sessions hide: the host's own file is then bound back at its
+    path for the host's network, or the bind would fail for the proxy's."""
+    at = os.path.realpath("/etc/resolv.conf")
+    if at == "/etc/resolv.conf":
+        return {"resolv_conf": resolv_conf}
+    if not resolv_conf:
+        if not os.path.isfile(at):
+            return {}
+        resolv_conf = at
+    return {"resolv_conf": resolv_conf, "resolv_conf_at": at}
 
 
 def make_hooks_folder(workspace: str) -> None:
