@@ -223,9 +223,11 @@ def spawn_wait(argv: list[str]) -> None:
     os.waitpid(pid, 0)
 
 
-def open_sessions(c, workspace: str, pause_s: float, n: int = 10) -> tuple[float, float]:
-    """Medians over n sessions of (session.open, session.open + a first shell.run)."""
-    readies, firsts = [], []
+def open_sessions(c, workspace: str, pause_s: float,
+                  n: int = 10) -> tuple[float, float, float]:
+    """Medians over n sessions of (session.open, session.open + a first shell.run,
+    session.close)."""
+    readies, firsts, closes = [], [], []
     for _ in range(n):
         time.sleep(pause_s)
         t = time.perf_counter()
@@ -233,8 +235,10 @@ def open_sessions(c, workspace: str, pause_s: float, n: int = 10) -> tuple[float
         readies.append(time.perf_counter() - t)
         c.shell_run(s, "true")
         firsts.append(time.perf_counter() - t)
+        t = time.perf_counter()
         c.session_close(s)
-    return statistics.median(readies), statistics.median(firsts)
+        closes.append(time.perf_counter() - t)
+    return statistics.median(readies), statistics.median(firsts), statistics.median(closes)
 
 
 def bench_shell() -> None:
@@ -280,6 +284,8 @@ def bench_shell() -> None:
     report("session.open taking the warm spare", ms(warm[0]),
            anchor=f"cold {ms(cold[0])}", ratio=warm[0] / cold[0])
     report("session.open, warm, + first shell.run('true')", ms(warm[1]))
+    report("session.close after one shell.run, median", ms(warm[2]),
+           anchor=f"session.open, cold {ms(cold[0])}", ratio=warm[2] / cold[0])
     report("drain rate of yes | head -c 1 GB", f"{size / drain / 1e6:8.0f} MB/s",
            target=">= 300 MB/s")
     report("daemon RSS growth during the flood", f"{growth / 1e6:8.1f} MB", target="< 32 MB")

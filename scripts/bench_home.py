@@ -159,7 +159,7 @@ def bench_big_workspace() -> None:
             with Client(sock) as c:
                 opens, firsts = {}, {}
                 for name, ws in (("small", small), ("big", big)):
-                    opens[name], firsts[name] = open_sessions(c, ws, pause_s=0, n=5)
+                    opens[name], firsts[name], _ = open_sessions(c, ws, pause_s=0, n=5)
                 runs, makes = {}, {}
                 for name, ws in (("small", small), ("big", big)):
                     s = c.session_open(ws)["session"]

@@ -301,3 +301,30 @@ def test_read_error_takes_the_reason_after_a_path_with_colons():
     assert e.code == "io_error" and "Input/output error" in e.message
     e = _read_error("x.png", None, 9, b"")
     assert e.code == "io_error" and "SIGKILL" in e.message
+
+
+def test_reads_once_the_file_helper_runs_answer_as_before(workspace, client, session):
+    """Once the session's file helper runs (a file.* call starts it), image.read reads
+    through it: the same pictures, the file as it is now, and the same errors."""
+    client.file_stat(session, ".")
+    first = encode(picture((40, 30)), "PNG")
+    write(workspace, "pic.png", first)
+    assert client.image_read(session, "pic.png")["data"] == first
+    second = encode(picture((30, 40)), "PNG")
+    write(workspace, "pic.png", second)
+    assert client.image_read(session, "pic.png")["data"] == second
+    big = encode(picture((800, 600)), "PNG")  # over the helper's inline size: its fd
+    assert len(big) > 256 * 1024
+    write(workspace, "big.png", big)
+    assert client.image_read(session, "big.png")["data"] == big
+    write(workspace, "text.png", b"not a picture")
+    assert error_of(lambda: client.image_read(session, "text.png")).code == "not_an_image"
+    os.remove(os.path.join(workspace, "pic.png"))
+    e = error_of(lambda: client.image_read(session, "pic.png"))
+    assert e.code == "not_found" and "pic.png" in e.message
+    os.makedirs(os.path.join(workspace, "pics.png"))
+    e = error_of(lambda: client.image_read(session, "pics.png"))
+    assert e.code == "bad_params" and "folder" in e.message
+    os.mkfifo(os.path.join(workspace, "pipe.png"))
+    e = error_of(lambda: client.image_read(session, "pipe.png"))
+    assert e.code == "bad_params" and "FIFO" in e.message

@@ -1,5 +1,6 @@
 """One client's connection: read frames, run each request in its own task (or none, for a
-method that can: tools.calls.Detached), answer through one send lock per connection.
+method that can: tools.calls.Detached, and a row that says `instant`, answered at once),
+answer through one send lock per connection.
 
 Resource handling: serve.py's `serve()` owns the listening socket and every connection; a
 connection owns its in-flight requests (its RequestTable, requests.py, where the invariant
@@ -182,6 +183,8 @@ class Connection:
                         # stops our reading when its socket fills.
                         await self.send(self.refuse_busy(request))
                         continue
+                    if self._answer_now(entry):
+                        continue
                     if entry.registered and self._start_detached(entry):
                         continue
                     if len(frames) == 1:
@@ -221,16 +224,45 @@ class Connection:
         self.requests.undetach(entry)
         return False
 
+    def _answer_now(self, entry: Entry) -> bool:
+        """Answer here, in the task that read it, a request that cannot wait: a `cancel`, or
+        one whose row says `instant`. No task, no cancel scope: each is a pass of trio's
+        scheduler, which costs more than such a request. False for any other request."""
+        request = entry.request
+        if request.method == "cancel":
+            reply = self.cancel(request)
+        else:
+            method = dispatch.METHODS.get(request.method)
+            if method is None or not method.instant or not entry.registered:
+                return False
+            try:
+                params = method.admit(self.supervisor, request, self.tenant)
+                reply = Reply(id=request.id,
+                              result=method.call_now(self.supervisor, params, self.tenant))
+            except ToolsdError as e:
+                reply = _error(request.id, e.code, e.message)
+            except Exception:
+                log.exception("internal error in %s", request.method)
+                reply = _error(request.id, INTERNAL, f"{request.method} failed inside toolsd; "
+                                                     f"the daemon log has the trace")
+        self.requests.answered(entry)
+        self._send_reply(entry, reply)
+        return True
+
     def _start_task(self, entry: Entry) -> None:
         self._nursery.start_soon(self.handle, entry)
 
     def _deliver(self, entry: Entry, result: object) -> None:
         """Answer a request that has no task: at once if nobody else is writing, else from a
         task that waits its turn. Never raises."""
+        self._send_reply(entry, Reply(id=entry.request.id, result=result))
+
+    def _send_reply(self, entry: Entry, reply: Reply) -> None:
+        """_deliver's write, for any answered request without a task."""
         if self._nursery.cancel_scope.cancel_called:
             self.requests.release(entry)
             return  # the connection is closing: nobody reads answers any more
-        frame = self._encode(Reply(id=entry.request.id, result=result))
+        frame = self._encode(reply)
         if not self._write_now(frame):
             self._nursery.start_soon(self._write_later, entry, frame)
         elif self._unsent:
@@ -269,11 +301,7 @@ class Connection:
         """Run a request in this task (for a detached one handed over, its `rest`), answer
         it, and release it."""
         try:
-            if entry.request.method == "cancel":
-                reply = self.cancel(entry.request)
-                self.requests.answered(entry)
-            else:
-                reply = await self.run(entry)
+            reply = await self.run(entry)
             await self._write(self._encode(reply), then=entry.run_after)
         finally:
             entry.run_after()

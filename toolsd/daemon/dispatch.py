@@ -88,7 +88,8 @@ class Method(Generic[P]):
 
     params: type[P]
     # (supervisor, params) -> result Struct; (supervisor, params, answer) if takes_answer.
-    handler: Callable[..., Awaitable[object]]
+    # A coroutine function, or a plain one for an `instant` row.
+    handler: Callable[..., Awaitable[object]] | Callable[..., object]
     takes_answer: bool = False
     # (supervisor, params, detached) -> True if it took the request: it will answer through
     # `detached`, or hand the rest to a task with detached.escalate(). False, or ToolsdError,
@@ -100,6 +101,9 @@ class Method(Generic[P]):
     scope: Scope = Scope.NONE
     # The handler also takes `tenant=` (the caller's): for what lists or makes sessions.
     takes_tenant: bool = False
+    # The handler never waits (a plain function): the connection answers the request in the
+    # task that read it, with no task or cancel scope of its own (connection._answer_now).
+    instant: bool = False
 
     def decode(self, request: Request) -> P:
         return decode(self.params, request)
@@ -113,12 +117,22 @@ class Method(Generic[P]):
     def call(self, sup: Supervisor, params: P, answer: Answer, tenant: str):
         """The handler's awaitable for these (admitted) params."""
         extra = {"tenant": tenant} if self.takes_tenant else {}
+        if self.instant:
+            return _ready(self.handler(sup, params, **extra))
         if self.takes_answer:
             return self.handler(sup, params, answer, **extra)
         return self.handler(sup, params, **extra)
 
+    def call_now(self, sup: Supervisor, params: P, tenant: str) -> object:
+        """An instant row's result."""
+        return self.handler(sup, params, **({"tenant": tenant} if self.takes_tenant else {}))
 
-async def hello(sup: Supervisor, p: HelloParams, tenant: str = LOCAL) -> HelloResult:
+
+async def _ready(result: object) -> object:
+    return result
+
+
+def hello(sup: Supervisor, p: HelloParams, tenant: str = LOCAL) -> HelloResult:
     return HelloResult(
         protocol=1,
         server=sup.server_name,
@@ -142,14 +156,14 @@ async def session_close(sup: Supervisor, p: SessionParams) -> SessionCloseResult
     return await sup.close_session(p.session)
 
 
-async def session_list(sup: Supervisor, p: SessionListParams,
+def session_list(sup: Supervisor, p: SessionListParams,
                        tenant: str = LOCAL) -> SessionListResult:
     return SessionListResult(sessions=[s.info(sup.forwards.info(s.id))
                                        for s in sup.open_sessions()
                                        if visible(tenant, s.tenant)])
 
 
-async def session_network(sup: Supervisor, p: SessionNetworkParams) -> SessionNetworkResult:
+def session_network(sup: Supervisor, p: SessionNetworkParams) -> SessionNetworkResult:
     return sup.session(p.session).net.listing(p.since)  # daemon/egress.py
 
 
@@ -254,11 +268,12 @@ def repl_exec_detached(sup: Supervisor, p: ReplExecParams, detached: Detached) -
 SESSION, PROCESS = Scope.SESSION, Scope.PROCESS
 
 METHODS: Final[dict[str, Method]] = {
-    "hello": Method(HelloParams, hello, takes_tenant=True),
+    "hello": Method(HelloParams, hello, takes_tenant=True, instant=True),
     "session.open": Method(SessionOpenParams, session_open, takes_tenant=True),
     "session.close": Method(SessionParams, session_close, scope=SESSION),
-    "session.list": Method(SessionListParams, session_list, takes_tenant=True),
-    "session.network": Method(SessionNetworkParams, session_network, scope=SESSION),
+    "session.list": Method(SessionListParams, session_list, takes_tenant=True, instant=True),
+    "session.network": Method(SessionNetworkParams, session_network, scope=SESSION,
+                              instant=True),
     "turn.begin": Method(SessionParams, turn_begin, scope=SESSION),
     "turn.end": Method(TurnEndParams, turn_end, scope=SESSION),
     "shell.run": Method(ShellRunParams, shell_run, takes_answer=True, scope=SESSION),

@@ -118,6 +118,25 @@ class FileHelper:
 
     # ------------------------------------------------------------ start
 
+    @property
+    def running(self) -> bool:
+        return self._sock is not None
+
+    def start_in_background(self, launcher, start_soon) -> None:
+        """Start the helper in a task of the session, unless it runs or is starting: for a
+        caller that can do without it this time (image.read). A failure is only logged; the
+        next call that needs the helper tries again."""
+        if self._sock is not None or self._start_lock.locked():
+            return
+
+        async def start() -> None:
+            try:
+                await self._ensure(launcher, start_soon)
+            except Exception as e:
+                log.debug("the file helper did not start in the background: %s", e)
+
+        start_soon(start)
+
     async def _ensure(self, launcher, start_soon) -> socket.socket:
         if self._sock is not None:
             return self._sock

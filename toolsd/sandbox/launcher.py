@@ -382,9 +382,9 @@ class Launcher:
                 self._mark_dead("the sandbox launcher was closed")
                 self._scope.cancel()
                 await self._tasks_done.wait()
-                # EOF tells the launcher to kill its whole tree, reap it and exit: the clean
-                # way, which leaves no zombie for the host's init to collect.
+                # EOF: the launcher kills its tree, reaps it and exits (no zombie is left).
                 self._channel.close()
+                self._wrapper.end_namespace()  # or the kernel does, for a pid namespace
                 if not await self._wrapper.wait_exits(CLEAN_EXIT_S):
                     await self._wrapper.force_end()
                 leftovers = (self._wrapper.orphaned_shims(self._jobs.values()) if died_before

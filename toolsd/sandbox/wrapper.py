@@ -118,6 +118,7 @@ class Wrapper:
         self.host_pid = -1
         self.launcher_fd = -1
         self.between_fds: list[int] = []  # e.g. bwrap's init in the pid namespace
+        self.launcher_is_init = False
 
     @classmethod
     def start(cls, wrapper: list[str], *, env: dict[str, str], python: str, cwd: str,
@@ -156,7 +157,10 @@ class Wrapper:
             spawn_theirs.close()
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
-        return cls(proc, errfile, launcher_py), ours, spawn_ours
+        self = cls(proc, errfile, launcher_py)
+        # bwrap's --as-pid-1 (policy.py): the launcher is the pid namespace's init.
+        self.launcher_is_init = "--as-pid-1" in wrapper
+        return self, ours, spawn_ours
 
     def adopt_launcher(self, fds: list[int]) -> bool:
         """Take the launcher's pidfd (fds[0], popped) from its `ready` message; False, and
@@ -220,6 +224,17 @@ class Wrapper:
             self.proc.wait()
             return True
         return False
+
+    def end_namespace(self) -> None:
+        """At close, with the launcher the init of the sandbox's pid namespace: SIGKILL it,
+        and the kernel ends and reaps every process in there at once, sooner than the
+        launcher's own kill of its tree and exit. Nothing without a namespace of its own
+        (then the launcher ends its tree itself on EOF)."""
+        if self.launcher_is_init and self.launcher_fd != -1:
+            try:
+                signal.pidfd_send_signal(self.launcher_fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     async def force_end(self) -> None:
         """The launcher did not end by itself (stopped, or hung): kill from the host. Its tree

@@ -1,5 +1,6 @@
 """image.read: the file read inside the session's sandbox (so the call sees exactly what the
-session's commands see), fitted by fit.py in a worker thread, at most DECODE_SLOTS at a time."""
+session's commands see: by its file helper once that runs, helper_read.py), fitted by fit.py
+in a worker thread, at most DECODE_SLOTS at a time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import trio
 from toolsd.runtime import threads
 from toolsd.runtime.fdio import READ_SIZE
 from toolsd.sandbox import jobs
+from toolsd.tools.images import helper_read
 from toolsd.tools.images.fit import ImageTooLarge, NotAnImage, fit_image
 from toolsd.wire.protocol import (
     BAD_PARAMS,
@@ -86,7 +88,9 @@ async def read(session: Session, p: ImageReadParams) -> ImageReadResult:
     # while waiting for a decode slot.
     try:
         async with threads.limiter("image_decode", DECODE_SLOTS):
-            data = await _read_in_sandbox(session, p.path)
+            data = await helper_read.read(session, p.path)
+            if data is None:
+                data = await _read_in_sandbox(session, p.path)
             fitted = await trio.to_thread.run_sync(
                 lambda: fit_image(data, max_dim=p.max_dim, max_bytes=p.max_bytes,
                                   max_pixels=MAX_PIXELS))

@@ -1,0 +1,42 @@
+"""image.read's short way to a file: the session's file helper (sandbox/file_helper.py), once
+it runs, reads it in the sandbox for one request on its socket, instead of a reader process
+(sh, then head) spawned for each call, which was most of a small image's fixed cost.
+
+The helper sees exactly what the session's commands see. Only a whole regular file of at
+most one helper read (MAX_READ) is taken this way; for anything else (no helper yet, an
+error of any kind, a FIFO, a device, a larger file) the caller reads through its reader
+process as before, whose answers and errors image.read has always given."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolsd.tools import files
+from toolsd.wire.files import MAX_READ
+from toolsd.wire.protocol import ToolsdError
+
+if TYPE_CHECKING:
+    from toolsd.daemon.session import Session
+
+__all__ = ["read"]
+
+
+async def read(session: Session, path: str) -> bytes | None:
+    """The whole file at `path` through the helper, or None: read it the other way. The
+    first call of a session starts the helper in the background and returns None."""
+    helper = session.files
+    if not helper.running:
+        try:
+            helper.start_in_background(session.launcher, session.start_soon)
+        except ToolsdError:
+            pass  # the session is closing: the reader process says so
+        return None
+    try:
+        async with helper.read_slots:
+            result, data = await files.call(session, {"op": "read", "path": path,
+                                                      "offset": 0, "length": MAX_READ})
+    except ToolsdError:
+        return None
+    if not result.get("eof") or len(data) != result.get("size"):
+        return None  # larger than one read, or changed while read
+    return bytes(data)
