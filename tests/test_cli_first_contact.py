@@ -117,3 +117,15 @@ def test_doctor_reports_each_check_and_the_daemon_on_the_socket_it_is_given(daem
     lines = doctor_lines(daemon, elsewhere)
     assert lines["daemon"].startswith("NO") and f"none answers on {elsewhere}" in lines["daemon"]
     assert lines["bwrap"].startswith("ok")  # the checks do not need a daemon
+
+
+def test_a_refused_open_is_not_worded_as_another_command():
+    from toolsd.cli.messages import for_person
+    from toolsd.client import ToolsdError
+
+    refused = ToolsdError("bad_params", "session.open: workspace /tmp is the host's shared "
+                                        "/tmp; open a folder inside it")
+    assert for_person(refused) == ("bad_params: workspace /tmp is the host's shared /tmp; "
+                                   "open a folder inside it")
+    hint = ToolsdError("not_found", "no session 's9'; open one with session.open")
+    assert for_person(hint) == "not_found: no session 's9'; open one with `toolsd open`"

@@ -16,8 +16,10 @@ COMMAND_FOR = {
 
 
 def for_person(error: ToolsdError) -> str:
-    """`code: message`, the methods in the message named by their commands."""
-    message = error.message
+    """`code: message`, the methods in the message named by their commands. A refusal
+    of the open itself ("session.open: ...") loses that prefix: the person ran exec, repl
+    or open, and knows which."""
+    message = error.message.removeprefix("session.open: ")
     for method, command in COMMAND_FOR.items():
         message = message.replace(method, command)
     return f"{error.code}: {message}"
