@@ -16,6 +16,7 @@ import pytest
 from agent.agent import Agent
 from agent.models.scripted import ScriptedModel
 from agent.turn import AgentConfig
+from model_server import ModelServer
 from conftest import has_ended, module_daemon as shared_daemon, short_tempdir, wait_for, wait_gone
 from test_idle import sandbox_of
 
@@ -142,3 +143,10 @@ def kill_sandbox(daemon, session: str) -> None:
             return not {s["session"]: s for s in c.session_list()["sessions"]}[session]["alive"]
 
         wait_for(dead, timeout=60)
+
+
+@pytest.fixture
+def server():
+    """A scripted model endpoint of the test's own, stopped after it."""
+    with ModelServer() as s:
+        yield s

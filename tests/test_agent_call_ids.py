@@ -13,16 +13,13 @@ from agent.models.anthropic import AnthropicModel
 from agent.models.openai import OpenAIChatModel
 from agent.providers import render_anthropic, render_openai_chat
 from conftest import needs_bwrap
-from model_server import Call, ModelServer, anthropic_stream, openai_stream, quick_retries
+from model_server import Call, anthropic_stream, openai_stream, quick_retries
 
 module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 
-@pytest.fixture
-def server():
-    with ModelServer() as s:
-        yield s
+server = agentkit.server  # a model server of the test's own
 
 
 def anthropic_ids(body: dict) -> list[tuple[list[str], list[str]]]:

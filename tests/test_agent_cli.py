@@ -29,10 +29,7 @@ place = agentkit.place
 RESULT_CHARS = 4000
 
 
-@pytest.fixture
-def server():
-    with ModelServer() as s:
-        yield s
+server = agentkit.server  # a model server of the test's own
 
 
 def argv(server: ModelServer, place: Place, *args: str, socket: str | None = None) -> list[str]:

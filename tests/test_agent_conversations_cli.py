@@ -19,10 +19,7 @@ module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
-@pytest.fixture
-def server():
-    with ModelServer() as s:
-        yield s
+server = agentkit.server  # a model server of the test's own
 
 
 def agent(place: Place, *args: str, server: ModelServer | None = None, socket: str = "",

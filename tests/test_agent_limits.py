@@ -14,17 +14,14 @@ from agent.models.limits import budget_label, reported_context
 from agent.models.openai import OpenAIChatModel
 from agent.models.probe import route_budget
 from conftest import needs_bwrap, wait_gone
-from model_server import JSONReply, ModelServer, openai_stream
+from model_server import JSONReply, openai_stream
 from test_agent_cli import argv, run, spawn
 
 module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
-@pytest.fixture
-def server():
-    with ModelServer() as s:
-        yield s
+server = agentkit.server  # a model server of the test's own
 
 
 def test_each_source_is_named_in_the_label():

@@ -21,10 +21,7 @@ module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
-@pytest.fixture
-def server():
-    with ModelServer() as s:
-        yield s
+server = agentkit.server  # a model server of the test's own
 
 
 def agent(server: ModelServer, place: Place, socket: str, *args: str,
