@@ -15,7 +15,8 @@ import threading
 import psutil
 import pytest
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir
+import test_image_read
+from conftest import RunningDaemon, needs_bwrap
 from toolsd.client import ToolsdError
 
 pytestmark = pytest.mark.shared_daemon
@@ -195,20 +196,8 @@ def test_read_only_session_refuses_every_write_and_changes_nothing(daemon, clien
     assert client.file_read(session, "keep.txt")["data"] == b"original"
 
 
-@pytest.fixture
-def home_in_workspace():
-    """A daemon whose HOME lies inside the workspace: the home is in the session's view, and
-    only the hiding keeps ~/.ssh out (see test_image_read.py)."""
-    root = short_tempdir()
-    workspace = os.path.join(root, "ws")
-    home = os.path.join(workspace, "home")
-    os.makedirs(os.path.join(home, ".ssh"))
-    d = RunningDaemon(root, env={"HOME": home}).start()
-    try:
-        yield d, home
-    finally:
-        assert d.stop() == 0, d.read_log()
-        shutil.rmtree(root, ignore_errors=True)
+# A daemon whose HOME lies inside the workspace: only the hiding keeps ~/.ssh out.
+home_in_workspace = test_image_read.home_in_workspace
 
 
 @needs_bwrap
