@@ -14,6 +14,7 @@ of jobs that are gone (manager.py). Tool calls never pass through it.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import ray
 
@@ -37,7 +38,7 @@ class Lease:
             # manager start its agent now rather than at its next look.
             manager = ray.get_actor(names.MANAGER, namespace=names.NAMESPACE)
             await manager.sync.remote()
-            agent = ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
+            agent = await _agent_when_named(node)
         return await agent.open_lease.remote(self.name, self.job, params)
 
     async def wait_end(self) -> str:
@@ -55,3 +56,16 @@ class Lease:
         agent = ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
         await agent.close_lease.remote(self.name)
         await self.end("the session was closed")
+
+
+async def _agent_when_named(node: str, timeout_s: float = 30.0):
+    """The node's agent once Ray knows its name: the manager has asked for it, and an actor's
+    name is registered a moment after its creation is asked for. ValueError past timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
