@@ -88,6 +88,8 @@ def test_without_a_figures_folder_it_says_how_to_save_them(daemon):
         child.expect_exact(">>> ")
         child.sendline("Red()")
         child.expect_exact("in the session; --figures DIR saves them")
+        # ^D only once the prompt reads again: sent earlier, readline may drop it.
+        child.expect_exact(">>> ")
         assert end(child) == 0
     finally:
         child.close(force=True)

@@ -20,11 +20,15 @@ from toolsd.cluster.agent import NodeAgent
 
 log = logging.getLogger("toolsd.cluster")
 
+HEAD_NODE = "node:__internal_head__"  # the resource Ray gives the head node alone
 WATCH_S = 1.0
 STATUS_WAIT_S = 10.0
 
 
-@ray.remote(num_cpus=0, max_concurrency=1000)
+# On the head node (as Ray Train places its state actor): a removed worker node must not
+# take the manager with it. Restarted if its process dies; it finds the agents by name.
+@ray.remote(num_cpus=0, max_concurrency=1000, max_restarts=-1,
+            resources={HEAD_NODE: 0.001})
 class Manager:
     def __init__(self, root: str, port: int = 0, serve_args: list[str] = ()):
         self.root = root
@@ -35,6 +39,9 @@ class Manager:
         self._sync_lock = asyncio.Lock()
         self._watching = False
         self.stopped = False
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self._watching = True  # it was up before it died: go on watching
+            asyncio.get_running_loop().create_task(self._watch())
 
     async def up(self) -> dict:
         await self.sync()
