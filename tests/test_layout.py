@@ -34,8 +34,6 @@ EXCEPTIONS = {("toolsd.cli.serve", "toolsd.daemon.serve"),
               ("toolsd.cli.doctor", "toolsd.sandbox.probe"),
               ("toolsd.cli.doctor", "toolsd.sandbox.host_checks"),
               ("toolsd.cli.cluster", "toolsd.cluster")}
-# Tools may name the daemon's Session and Supervisor in annotations, never at run time.
-TYPING_ONLY = {"toolsd.daemon.session", "toolsd.daemon.supervisor"}
 # The server: what reads the socket and routes requests. Tools never see it.
 SERVER = ("toolsd.daemon.serve", "toolsd.daemon.connection", "toolsd.daemon.dispatch",
           "toolsd.daemon.requests")
@@ -106,16 +104,82 @@ def test_every_import_follows_the_layers():
         mine = layer(name)
         if mine is None:
             continue
-        for target, line, typing_only in imports(path):
+        for target, line, _ in imports(path):
             theirs = layer(target)
             if theirs is None or (name, target) in EXCEPTIONS:
                 continue
             if mine == "tools" and target.startswith(SERVER):
                 bad.append(f"{where(path, line)}: tools may not import the server ({target})")
-            elif theirs not in ALLOWED[mine] and not (
-                    mine == "tools" and typing_only and target.startswith(tuple(TYPING_ONLY))):
+            elif theirs not in ALLOWED[mine]:
                 bad.append(f"{where(path, line)}: {mine} may not import {target}")
     assert bad == [], "\n".join(bad)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports (under TYPE_CHECKING and inside functions
+    too): a package's import of `a.b.c` counts as importing the module a.b.c."""
+    graph: dict[str, set[str]] = {}
+    for path in python_files("toolsd/**/*.py", "driver/*.py"):
+        graph[module_name(path)] = {t for t, _, _ in imports(path)
+                                    if layer(t) is not None and _is_module(t)}
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's algorithm, iterative: the components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(component)
+    return found
+
+
+def folder(module: str) -> str:
+    """The package a module is in (a package is its own)."""
+    if (ROOT.joinpath(*module.split(".")) / "__init__.py").is_file():
+        return module
+    return module.rpartition(".")[0]
+
+
+def test_no_import_circle_spans_two_folders():
+    # A circle inside one folder is one job split in files; across folders, a layer that
+    # depends on the one above it.
+    wide = [sorted(c) for c in strongly_connected(import_graph())
+            if len({folder(m) for m in c}) > 1]
+    assert wide == [], "import circles across folders:\n" + "\n".join(map(str, wide))
 
 
 def test_the_exceptions_import_inside_their_function():

@@ -136,7 +136,7 @@ def hello(sup: Supervisor, p: HelloParams, tenant: str = LOCAL) -> HelloResult:
     return HelloResult(
         protocol=1,
         server=sup.server_name,
-        sandbox=sup.sandbox_kind,
+        sandbox=sup.host.sandbox_kind,
         shells=sup.host_shells,
         languages=sup.host_languages,
         max_frame=sup.config.max_frame,
@@ -190,12 +190,12 @@ async def repl_exec(sup: Supervisor, p: ReplExecParams, answer: Answer) -> ReplE
 
 async def process_start(sup: Supervisor, p: ProcessStartParams) -> ProcessStartResult:
     with sup.session(p.session).call() as session:
-        return await session.reported(await processes.start(sup, session, p))
+        return await session.reported(await processes.start(sup.processes, session, p))
 
 
 async def process_output(sup: Supervisor, p: ProcessOutputParams,
                          answer: Answer) -> ProcessOutputResult:
-    proc = sup.process(p.id, p.session)
+    proc = sup.processes.get(p.id, p.session)
     with proc.session.call():
         result = await processes.output(proc, p, answer)
         proc.session.net.report_output(result, proc, moves_mark=p.since is None)  # egress
@@ -203,19 +203,19 @@ async def process_output(sup: Supervisor, p: ProcessOutputParams,
 
 
 async def process_stop(sup: Supervisor, p: ProcessStopParams) -> ProcessStopResult:
-    proc = sup.process(p.id, p.session)
+    proc = sup.processes.get(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.stop(proc, p))
 
 
 async def process_write(sup: Supervisor, p: ProcessWriteParams) -> ProcessWriteResult:
-    proc = sup.process(p.id, p.session)
+    proc = sup.processes.get(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.write(proc, p))
 
 
 async def process_resize(sup: Supervisor, p: ProcessResizeParams) -> ProcessResizeResult:
-    proc = sup.process(p.id, p.session)
+    proc = sup.processes.get(p.id, p.session)
     with proc.session.call():
         return await proc.session.reported(await processes.resize(proc, p))
 
@@ -232,9 +232,9 @@ async def port_close(sup: Supervisor, p: PortCloseParams) -> PortCloseResult:
 
 async def process_list(sup: Supervisor, p: ProcessListParams,
                        tenant: str = LOCAL) -> ProcessListResult:
-    listed = await processes.listing(sup, p)
+    listed = await processes.listing(sup.processes, p)
     if tenant != LOCAL:
-        mine = {bg.id for bg in sup.processes.values() if bg.session.tenant == tenant}
+        mine = {bg.id for bg in sup.processes if bg.session.tenant == tenant}
         listed.processes = [info for info in listed.processes if info.id in mine]
     return listed
 

@@ -161,7 +161,7 @@ async def _main(config: Config, bwrap, why_not: str, announce) -> None:
                     await supervisor.aclose()
                     raise
                 announce(f"toolsd listening on {config.socket_path} "
-                         f"(sandbox: {supervisor.sandbox_kind})", flush=True)
+                         f"(sandbox: {supervisor.host.sandbox_kind})", flush=True)
                 for line in remote_lines:
                     announce(line, flush=True)
                 announce(f"try: {typed_command()} --socket {config.socket_path} exec -- echo "

@@ -14,6 +14,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 import trio
@@ -61,32 +62,31 @@ class Session(MemoryNotes):
                  made_workspace: bool = False):
         self.id = session_id
         self.supervisor = supervisor
+        self.host = host = supervisor.host
         self.workspace = check_workspace(params.workspace)
         # The daemon made it (daemon/workspaces.py): run() removes it at close.
         self.made_workspace = made_workspace
         self.tenant = "local"  # who opened it (daemon/tenants.py); the supervisor sets it
-        self.net = session_network(params.network, supervisor.egress, supervisor.bwrap is not None)
+        self.net = session_network(params.network, supervisor.egress, host.bwrap is not None)
         self.network = self.net.name
         self.writable = params.writable
         try:
             self.user_env = validate_env(params.env)
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
-        defaults = supervisor.config.limits
+        defaults = host.limits
         given = {k: getattr(params.limits, k) for k in ("memory_mb", "pids", "cpu_s", "file_mb")}
         self.limits = Limits(**{
             k: (v if v is not None else getattr(defaults, k)) for k, v in given.items()
         }, nofile=defaults.nofile)
         # Without a memory cgroup (see run), RLIMIT_AS instead.
-        self._set_rlimits(memory_cgroup="memory" in supervisor.cgroup_places)
-        self.sandbox_kind = supervisor.sandbox_kind
+        self._set_rlimits(memory_cgroup="memory" in host.cgroup_places)
+        self.sandbox_kind = host.sandbox_kind
         if self.sandbox_kind == "none" and not self.writable:
             raise ToolsdError(SANDBOX_UNAVAILABLE, "writable: false needs the sandbox, and this "
                               "daemon has none (toolsd doctor says why); install bubblewrap")
         self.opened_at = time.time()
         self.turns: dict[str, Turn] = {}
-        # bgN -> BackgroundProcess, in start order: Supervisor.add_process writes it.
-        self.processes: dict[str, BackgroundProcess] = {}
         self.closed = False
         self.activity = Activity(trio.current_time())
         self.launcher: Launcher | None = None
@@ -101,18 +101,18 @@ class Session(MemoryNotes):
         self.ended_why: str | None = None  # why toolsd ended the session by itself
         # What the session adds that the host's git would run.
         self.repositories = RepositoryWatch(self.workspace, self.writable, session_id)
-        self.scratch = os.path.join(supervisor.state.scratch, session_id)
+        self.scratch = os.path.join(host.scratch, session_id)
         # The scratch folder is the sandbox's /tmp.
-        self.spills = Spills(self.scratch, self.scratch if supervisor.bwrap is None else "/tmp",
+        self.spills = Spills(self.scratch, self.scratch if host.bwrap is None else "/tmp",
                              self.limits.file_mb << 20)
         # The session's home folder: bound at HOME's real path (docs/sandbox.md, "The home
         # folder"), named after the session's first id (a spare keeps its folders' names).
         self.home_dir = self.scratch + "-home"
         home_path = os.path.expanduser("~")
         view = plan_view(home_path=home_path, workspace=self.workspace,
-                         hidden_paths=supervisor.hidden_paths(), shown=supervisor.config.shown,
-                         bwrap=supervisor.bwrap, made=made_workspace)
-        self.home_is_own = view.home_is_own and supervisor.bwrap is not None
+                         hidden_paths=host.hidden_paths, shown=host.shown,
+                         bwrap=host.bwrap, made=made_workspace)
+        self.home_is_own = view.home_is_own and host.bwrap is not None
         self.env = sandbox_env(
             home=home_path,
             path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
@@ -148,7 +148,7 @@ class Session(MemoryNotes):
     @property
     def guarded(self) -> bool:
         """Whether check_guards can see this sandbox's mounts (always, unsandboxed)."""
-        return self.supervisor.bwrap is None or self.guard.watching
+        return self.host.bwrap is None or self.guard.watching
 
     def check_guards(self) -> None:
         """End the session if the host has replaced a path it hides or protects: the kernel
@@ -176,9 +176,9 @@ class Session(MemoryNotes):
 
     def wrapper(self) -> list[str]:
         prefix = self.cgroup.join_argv() if self.cgroup else []
-        if self.supervisor.bwrap is None:
+        if self.host.bwrap is None:
             return prefix
-        return prefix + bwrap_argv(self.policy, bwrap=self.supervisor.bwrap)
+        return prefix + bwrap_argv(self.policy, bwrap=self.host.bwrap)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The session's task. Reports a start failure through `task_status.started(error)`
@@ -187,7 +187,7 @@ class Session(MemoryNotes):
         if self.home_is_own:
             await trio.to_thread.run_sync(home.make_home, self.policy, self.home_dir,
                                            self.env["HOME"])
-        places = self.supervisor.cgroup_places
+        places = self.host.cgroup_places
         if places:
             self.cgroup = cgroups.SessionCgroups.create(
                 places, self.id, pids=self.limits.pids, memory_mb=self.limits.memory_mb)
@@ -214,10 +214,10 @@ class Session(MemoryNotes):
                         SANDBOX_UNAVAILABLE, f"could not start the session's sandbox: {e}"))
                     nursery.cancel_scope.cancel()
                     return
-                if self.supervisor.bwrap is None:
+                if self.host.bwrap is None:
                     log.warning("session %s runs unsandboxed: %s", self.id,
-                                self.supervisor.why_no_sandbox)
-                if self.supervisor.bwrap is not None:
+                                self.host.why_no_sandbox)
+                if self.host.bwrap is not None:
                     await nursery.start(self.guard.watch, self.launcher.host_pid,
                                         f"session {self.id}", self._guards_lost)
                 task_status.started(None)
@@ -341,16 +341,11 @@ class Session(MemoryNotes):
 
     # ------------------------------------------------------------ what it owns
 
-    # For the Supervisor's add_process and forget_process only: they keep both in step.
-    def add_process(self, proc: BackgroundProcess) -> None:
-        self.processes[proc.id] = proc
-
-    def forget_process(self, process_id: str) -> None:
-        self.processes.pop(process_id, None)
-
-    def live_process_count(self) -> int:
-        """Background processes that have not finished (processes.MAX_LIVE_PER_SESSION)."""
-        return sum(1 for bg in self.processes.values() if not bg.finished.is_set())
+    @property
+    def processes(self) -> Mapping[str, BackgroundProcess]:
+        """The session's background processes by id, in start order (the Supervisor's
+        ProcessTable holds them)."""
+        return self.supervisor.processes.of(self.id)
 
     def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run `fn(*args)` as a task of the session: it ends when the session closes."""

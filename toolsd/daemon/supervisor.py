@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import msgspec
 import trio
@@ -27,8 +27,9 @@ from toolsd.daemon.state import StateDir
 from toolsd.daemon.tenants import LOCAL
 from toolsd.sandbox import cgroups
 from toolsd.sandbox.policy import Limits
-from toolsd.tools import process_names
+from toolsd.tools.host import Host
 from toolsd.tools.ports import PortForwards
+from toolsd.tools.process_table import ProcessTable
 from toolsd.wire.protocol import (
     NOT_FOUND,
     SESSION_CLOSED,
@@ -36,9 +37,6 @@ from toolsd.wire.protocol import (
     SessionOpenParams,
     ToolsdError,
 )
-
-if TYPE_CHECKING:
-    from toolsd.tools.background import BackgroundProcess
 
 log = logging.getLogger("toolsd.supervisor")
 
@@ -70,9 +68,6 @@ class Config:
 
 # Why recently ended sessions ended, kept for calls that still name them: at most this many.
 ENDED_KEPT = 1000
-# Finished processes are remembered (status, last output) so that a stale id gets its final
-# status; past this many, the oldest finished ones are forgotten and their ids are not_found.
-MAX_REMEMBERED = 1000
 
 
 class Supervisor:
@@ -81,12 +76,10 @@ class Supervisor:
         self.nursery = nursery
         self.state = StateDir(config.state_dir)
         self.egress = EgressHost(self.state.path, config.test_resolver)
-        self.bwrap = bwrap
-        self.why_no_sandbox = why_not
         self.sessions: dict[str, Session] = {}
-        # "bgN" -> BackgroundProcess (alive or finished), in start order: add_process and
-        # forget_process write it, and its session's registry with it.
-        self.processes: dict[str, BackgroundProcess] = {}
+        # Every background process, by id and by session (ids from the state folder).
+        self.processes = ProcessTable(lambda: f"bg{self.state.next_id('process')}",
+                                      self.state.logs)
         self.forwards = PortForwards(config.forward_binds)  # every session's port.forward
         self.started_at = time.time()
         self.closing = False
@@ -96,33 +89,35 @@ class Supervisor:
         # session id -> (why toolsd closed it by itself, its tenant)
         self._ended: dict[str, tuple[str, str]] = {}
         self.work_root = config.work_root or self.state.workspaces
-        self.cgroup_places, why_no_cgroup = cgroups.find_places()
-        if "pids" not in self.cgroup_places:
+        cgroup_places, why_no_cgroup = cgroups.find_places()
+        if "pids" not in cgroup_places:
             log.warning("sessions' process counts are limited by RLIMIT_NPROC only, which does "
                         "not bind root: %s", why_no_cgroup["pids"])
-        if "memory" in self.cgroup_places:
+        if "memory" in cgroup_places:
             log.info("sessions' memory: a memory cgroup per session under %s (limits.memory_mb "
-                     "is a session's total)", self.cgroup_places["memory"].folder)
+                     "is a session's total)", cgroup_places["memory"].folder)
         else:
             log.warning("sessions' memory is limited by RLIMIT_AS (address space, per process) "
                         "only, under which WebAssembly, Go, the JVM and sanitizers may fail: %s",
                         why_no_cgroup["memory"])
-        for folder in {place.folder for place in self.cgroup_places.values()}:
+        for folder in {place.folder for place in cgroup_places.values()}:
             cgroups.remove_stale(folder)
+        # What every session and tool reads of the host, found once.
+        self.host = Host(
+            max_frame=config.max_frame, limits=config.limits, shown=config.shown, bwrap=bwrap,
+            why_no_sandbox=why_not, cgroup_places=cgroup_places,
+            hidden_paths=self._hidden_paths(), scratch=self.state.scratch,
+            logs=self.state.logs)
         if config.idle_timeout_s is not None:
             log.info("sessions with no activity for %g s are closed (--idle-timeout)",
                      config.idle_timeout_s)
             nursery.start_soon(self._close_idle_sessions)
 
     @property
-    def sandbox_kind(self) -> str:
-        return "bwrap" if self.bwrap else "none"
-
-    @property
     def server_name(self) -> str:
         return f"toolsd {__version__} (python {sys.version.split()[0]})"
 
-    def hidden_paths(self) -> dict[str, str]:
+    def _hidden_paths(self) -> dict[str, str]:
         """Folders sandboxed code must never reach, the daemon's own and --hide ones: {path:
         what it is, in words, for the message that refuses such a workspace}."""
         named = {os.path.dirname(self.config.socket_path): "toolsd's socket folder",
@@ -234,46 +229,6 @@ class Supervisor:
 
     def open_sessions(self) -> Iterator[Session]:
         return (s for s in self.sessions.values() if not s.closed)
-
-    # ------------------------------------------------------------ background processes
-
-    def process(self, process_id: str, session_id: str | None = None) -> BackgroundProcess:
-        """The process of that id, else of that name (process_names: the rule)."""
-        proc = self.processes.get(process_id)
-        if proc is None:
-            return process_names.by_name(self.processes.values(), process_id, session_id)
-        return proc
-
-    def processes_of(self, session_id: str | None) -> list[BackgroundProcess]:
-        """The processes of one session (every session's, for None), in start order."""
-        return [bg for bg in self.processes.values()
-                if session_id is None or bg.session.id == session_id]
-
-    def new_process_id(self) -> str:
-        """An id never used before, by this daemon or an earlier one on the state folder."""
-        return f"bg{self.state.next_id('process')}"
-
-    def log_path(self, process_id: str) -> str:
-        return os.path.join(self.state.logs, f"{process_id}.log")
-
-    def add_process(self, proc: BackgroundProcess) -> None:
-        """Register a started process, with its session; then forget the oldest finished
-        ones past MAX_REMEMBERED."""
-        self.processes[proc.id] = proc
-        proc.session.add_process(proc)
-        excess = len(self.processes) - MAX_REMEMBERED
-        for process_id, old in list(self.processes.items()):
-            if excess <= 0:
-                break
-            if old.retired:
-                self.forget_process(process_id)
-                excess -= 1
-
-    def forget_process(self, process_id: str) -> None:
-        """Drop a finished process from both registries: its task ends and removes its log."""
-        proc = self.processes.pop(process_id)
-        proc.session.forget_process(process_id)
-        proc.forget()
 
     async def aclose(self) -> None:
         """Close every session (each shielded inside), then stop the nursery."""

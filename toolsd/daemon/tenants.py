@@ -58,5 +58,5 @@ def check(sup: Supervisor, tenant: str, scope: Scope, params: object) -> None:
     elif scope is Scope.PROCESS:
         # An id or a name (process_names), looked for among the tenant's own processes
         # only; the handler then gets the id, so a name never reaches another's process.
-        own = (bg for bg in sup.processes.values() if bg.session.tenant == tenant)
+        own = (bg for bg in sup.processes if bg.session.tenant == tenant)
         params.id = process_names.by_name_or_id(own, params.id, params.session).id

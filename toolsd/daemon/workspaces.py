@@ -3,7 +3,7 @@
 A session opened without `workspace` gets a fresh, empty folder `<work root>/<session id>`,
 0700, which it owns: Session.run removes it at close. The work root is `--work-root DIR`,
 else `workspaces/` in the state folder. Either way it is one of the paths hidden from every
-session (Supervisor.hidden_paths): a session sees its own folder, bound over the hiding, and
+session (Host.hidden_paths): a session sees its own folder, bound over the hiding, and
 nothing of the others', and no session can be opened on a path inside it.
 """
 

@@ -19,7 +19,7 @@ from toolsd.wire.files import FileWatchParams, FileWatchResult, encode_file_even
 from toolsd.wire.protocol import BAD_PARAMS, SESSION_CLOSED, ToolsdError
 
 if TYPE_CHECKING:
-    from toolsd.daemon.session import Session
+    from toolsd.tools.session_view import SessionView
 
 __all__ = ["watch", "QUEUE_MAX"]
 
@@ -62,7 +62,7 @@ class _Watch:
     def dropped(self) -> int:
         return self.dropped_here + self.dropped_there
 
-    async def run(self, session: Session, meta: dict) -> None:
+    async def run(self, session: SessionView, meta: dict) -> None:
         """The helper's side of the watch, in the session's nursery: it ends with the watch
         or the session, whichever comes first."""
         try:
@@ -76,7 +76,7 @@ class _Watch:
             self.wake.set()
 
 
-async def watch(session: Session, p: FileWatchParams, answer: Answer) -> FileWatchResult:
+async def watch(session: SessionView, p: FileWatchParams, answer: Answer) -> FileWatchResult:
     if not p.stream:
         raise ToolsdError(BAD_PARAMS, "file.watch sends its changes as events: send it with "
                           "stream: true, and cancel it to end it")

@@ -27,7 +27,7 @@ from toolsd.wire.files import (
 from toolsd.wire.protocol import BAD_PARAMS, LIMIT_EXCEEDED, SESSION_CLOSED, ToolsdError
 
 if TYPE_CHECKING:
-    from toolsd.daemon.session import Session
+    from toolsd.tools.session_view import SessionView
 
 __all__ = ["read", "write", "listing", "stat", "mkdir", "remove", "rename", "call"]
 
@@ -42,7 +42,7 @@ def check_path(path: str, what: str = "path") -> str:
     return path
 
 
-async def call(session: Session, meta: dict, data: bytes = b"", **options) -> tuple[dict, bytes]:
+async def call(session: SessionView, meta: dict, data: bytes = b"", **options) -> tuple[dict, bytes]:
     """One request to the session's file helper (started on first use)."""
     session.check_open()
     try:
@@ -53,8 +53,8 @@ async def call(session: Session, meta: dict, data: bytes = b"", **options) -> tu
                           f"a new session") from None
 
 
-async def read(session: Session, p: FileReadParams) -> FileReadResult:
-    most = min(MAX_READ, session.supervisor.config.max_frame - _REPLY_ROOM)
+async def read(session: SessionView, p: FileReadParams) -> FileReadResult:
+    most = min(MAX_READ, session.host.max_frame - _REPLY_ROOM)
     length = most if p.length is None else min(p.length, most)
     async with session.files.read_slots:
         result, data = await call(session, {"op": "read", "path": check_path(p.path),
@@ -63,7 +63,7 @@ async def read(session: Session, p: FileReadParams) -> FileReadResult:
                           mode=int(result["mode"]), mtime=float(result["mtime"]))
 
 
-async def write(session: Session, p: FileWriteParams) -> FileWriteResult:
+async def write(session: SessionView, p: FileWriteParams) -> FileWriteResult:
     limit = session.limits.file_mb << 20
     end = (p.offset or 0) + len(p.data)
     if end > limit:
@@ -86,30 +86,30 @@ def _entry(cls, raw: dict):
         else str(raw["target"]))
 
 
-async def listing(session: Session, p: FileListParams) -> FileListResult:
+async def listing(session: SessionView, p: FileListParams) -> FileListResult:
     result, _ = await call(session, {"op": "list", "path": check_path(p.path),
                                      "depth": p.depth, "limit": p.limit})
     return FileListResult(entries=[_entry(FileEntry, e) for e in result["entries"]],
                           truncated=bool(result["truncated"]))
 
 
-async def stat(session: Session, p: FileStatParams) -> FileStatResult:
+async def stat(session: SessionView, p: FileStatParams) -> FileStatResult:
     result, _ = await call(session, {"op": "stat", "path": check_path(p.path)})
     return _entry(FileStatResult, result)
 
 
-async def mkdir(session: Session, p: FileMkdirParams) -> FileDoneResult:
+async def mkdir(session: SessionView, p: FileMkdirParams) -> FileDoneResult:
     await call(session, {"op": "mkdir", "path": check_path(p.path), "parents": p.parents})
     return FileDoneResult()
 
 
-async def remove(session: Session, p: FileRemoveParams) -> FileRemoveResult:
+async def remove(session: SessionView, p: FileRemoveParams) -> FileRemoveResult:
     result, _ = await call(session, {"op": "remove", "path": check_path(p.path),
                                      "recursive": p.recursive})
     return FileRemoveResult(removed=int(result["removed"]))
 
 
-async def rename(session: Session, p: FileRenameParams) -> FileDoneResult:
+async def rename(session: SessionView, p: FileRenameParams) -> FileDoneResult:
     await call(session, {"op": "rename", "path": check_path(p.path),
                          "to": check_path(p.to, "to"), "overwrite": p.overwrite})
     return FileDoneResult()

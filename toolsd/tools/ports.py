@@ -39,7 +39,7 @@ from toolsd.wire.ports import ForwardInfo, PortCloseResult, PortForwardParams, P
 from toolsd.wire.protocol import BAD_PARAMS, LIMIT_EXCEEDED, NOT_FOUND, ToolsdError
 
 if TYPE_CHECKING:
-    from toolsd.daemon.session import Session
+    from toolsd.tools.session_view import SessionView
 
 log = logging.getLogger("toolsd.ports")
 
@@ -85,7 +85,7 @@ class ForwardState(enum.Enum):
 
 
 class Forward:
-    def __init__(self, session: Session, port: int, sock: trio.socket.SocketType):
+    def __init__(self, session: SessionView, port: int, sock: trio.socket.SocketType):
         self.session = session
         self.port = port
         self.host, self.host_port = sock.getsockname()[:2]
@@ -206,7 +206,7 @@ class PortForwards:
     def info(self, session_id: str) -> list[ForwardInfo]:
         return [f.info() for f in self._by_session.get(session_id, {}).values()]
 
-    async def forward(self, session: Session, p: PortForwardParams) -> PortForwardResult:
+    async def forward(self, session: SessionView, p: PortForwardParams) -> PortForwardResult:
         session.check_open()
         bind = check_bind(p.bind, self.allowed_binds)
         mine = self._by_session.get(session.id, {})
@@ -231,7 +231,7 @@ class PortForwards:
         self._by_session.setdefault(session.id, {})[p.port] = forward
         return PortForwardResult(host=forward.host, port=forward.host_port)
 
-    async def close(self, session: Session, port: int) -> PortCloseResult:
+    async def close(self, session: SessionView, port: int) -> PortCloseResult:
         forward = self._by_session.get(session.id, {}).get(port)
         if forward is None:
             raise ToolsdError(NOT_FOUND, f"port.close: port {port} of session {session.id} is "

@@ -1,6 +1,6 @@
 """The process.* methods: start a background process, read its output (with `until`), stop
-it, list them. The process itself is background.py's BackgroundProcess; the Supervisor keeps
-the registry of them (and forgets the oldest finished ones, its MAX_REMEMBERED).
+it, list them. The process itself is background.py's BackgroundProcess; process_table.py's
+ProcessTable keeps the registry of them (and forgets the oldest finished ones).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from toolsd.wire.protocol import (
 )
 
 if TYPE_CHECKING:
-    from toolsd.daemon.session import Session
-    from toolsd.daemon.supervisor import Supervisor
+    from toolsd.tools.session_view import SessionView
+    from toolsd.tools.process_table import ProcessTable
     from toolsd.tools.calls import Answer
 
 LOG_CAP_BYTES = 64 << 20  # older output on disk, per process
@@ -65,7 +65,7 @@ INLINE_RENDER_BYTES = 32 << 10
 # ---------------------------------------------------------------- methods
 
 
-async def start(supervisor: Supervisor, session: Session,
+async def start(table: ProcessTable, session: SessionView,
                 p: ProcessStartParams) -> ProcessStartResult:
     session.check_open()
     if not p.command.strip():
@@ -76,18 +76,18 @@ async def start(supervisor: Supervisor, session: Session,
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
     _shell_name, _shell_path = session.shell  # none in the sandbox: refused before an id is taken
-    live = session.live_process_count()
+    live = sum(1 for bg in table.of(session.id).values() if not bg.finished.is_set())
     if live >= MAX_LIVE_PER_SESSION:
         raise ToolsdError(LIMIT_EXCEEDED, f"process.start: session {session.id} already has "
                           f"{live} background processes that have not finished, the most it "
                           f"may have; stop some with process.stop (toolsd kill ID) first")
-    process_id = supervisor.new_process_id()
+    process_id = table.new_id()
     # The log first: once the command runs, nothing may fail before its watcher owns it.
     try:
-        log_file = CappedLog(supervisor.log_path(process_id), LOG_CAP_BYTES)
+        log_file = CappedLog(table.log_path(process_id), LOG_CAP_BYTES)
     except OSError as e:
         raise ToolsdError(IO_ERROR, f"process.start: cannot create the log file in "
-                          f"{supervisor.state.logs} ({e.strerror}); free disk space or fix "
+                          f"{table.logs} ({e.strerror}); free disk space or fix "
                           f"the state folder's permissions") from None
     oom_kills = session.oom_kills()
     source, options = None, {}
@@ -127,7 +127,7 @@ async def start(supervisor: Supervisor, session: Session,
                           f"while the command started; open a new session")
     proc = BackgroundProcess(process_id, session, p.command, p.name, job, log_file, oom_kills,
                              source)
-    supervisor.add_process(proc)
+    table.add(proc)
     session.keep_active(job)
     session.start_soon(proc.watch, read_fd)
     return ProcessStartResult(id=process_id, pid=job.pid)
@@ -278,8 +278,8 @@ async def stop(proc: BackgroundProcess, p: ProcessStopParams) -> ProcessStopResu
     return await proc.stop(p.grace_s)
 
 
-async def listing(supervisor: Supervisor, p: ProcessListParams) -> ProcessListResult:
-    procs = supervisor.processes_of(p.session)
+async def listing(table: ProcessTable, p: ProcessListParams) -> ProcessListResult:
+    procs = table.listed(p.session)
     with contextlib.ExitStack() as stack:
         shims = [stack.enter_context(bg.job.holding_tree()) for bg in procs]
         infos = await trio.to_thread.run_sync(

@@ -76,7 +76,7 @@ from toolsd.tools.repl_run import Run, RunState
 from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExecResult, ToolsdError
 
 if TYPE_CHECKING:
-    from toolsd.daemon.session import Session
+    from toolsd.tools.session_view import SessionView
     from toolsd.tools.calls import Answer, Detached
     from toolsd.tools.spill import Spills
 
@@ -99,7 +99,7 @@ DRIVERS = {
 FIGURES_FOLDER = "toolsd-figures"
 
 
-async def execute(session: Session, p: ReplExecParams,
+async def execute(session: SessionView, p: ReplExecParams,
                   answer: Answer | None = None) -> ReplExecResult:
     """Run `p.code` on the REPL of (session, p.turn, p.language), starting it if needed.
     `answer`: the request's, for its output events (`p.stream`)."""
@@ -118,7 +118,7 @@ async def execute(session: Session, p: ReplExecParams,
     return await repl.execute(session, p, answer)
 
 
-def start_detached(session: Session, p: ReplExecParams, detached: Detached) -> bool:
+def start_detached(session: SessionView, p: ReplExecParams, detached: Detached) -> bool:
     """repl.exec without a task of its own (tools.calls.Detached), when its REPL is running and
     idle: the code goes to the interpreter now, and the task reading the interpreter's output
     answers. False when it needs a task (the turn's first call, a busy REPL)."""
@@ -127,7 +127,7 @@ def start_detached(session: Session, p: ReplExecParams, detached: Detached) -> b
     return repl is not None and repl.start_detached(p, detached, session)
 
 
-async def python_executable(session: Session, python3: str) -> str:
+async def python_executable(session: SessionView, python3: str) -> str:
     """The real interpreter behind the sandbox's `python3`, asked once per session. It is
     often a wrapper script (a pyenv shim runs bash on every start), and every turn
     starts a fresh interpreter. Asked in the workspace, as version files there may pick it."""
@@ -184,7 +184,7 @@ class Repl:
         self._interp: Interpreter | None = None
         self._late: Ring | None = None  # output printed while no request was in flight
 
-    async def execute(self, session: Session, p: ReplExecParams,
+    async def execute(self, session: SessionView, p: ReplExecParams,
                       answer: Answer | None = None) -> ReplExecResult:
         started = time.monotonic()
         # A free lock is taken without a trip through trio's scheduler, a sizeable part of
@@ -218,7 +218,7 @@ class Repl:
         self._begin(run)
         return await run.finish()
 
-    def start_detached(self, p: ReplExecParams, detached: Detached, session: Session) -> bool:
+    def start_detached(self, p: ReplExecParams, detached: Detached, session: SessionView) -> bool:
         """Send `p` to the running interpreter and return, leaving the answer to the task
         that reads its output (see start_detached); False if the REPL is not idle."""
         interp = self._interp

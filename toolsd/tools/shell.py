@@ -22,7 +22,7 @@ from toolsd.tools.spill import tee
 from toolsd.wire.protocol import SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
 
 if TYPE_CHECKING:
-    from toolsd.daemon.session import Session
+    from toolsd.tools.session_view import SessionView
     from toolsd.sandbox.job import Job
     from toolsd.tools.spill import Spill
 
@@ -67,7 +67,7 @@ def git_config_notice(output: str, *, global_config: bool) -> str:
             f"so do not delete or re-create .git. Give settings with {instead}]")
 
 
-async def run(session: Session, p: ShellRunParams, answer: Answer) -> ShellRunResult:
+async def run(session: SessionView, p: ShellRunParams, answer: Answer) -> ShellRunResult:
     session.check_open()
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
@@ -102,11 +102,11 @@ async def run(session: Session, p: ShellRunParams, answer: Answer) -> ShellRunRe
         answer.after(job.let_go)
 
 
-async def _finish(session: Session, job: Job, read_fd: int, p: ShellRunParams, shell_name: str,
+async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParams, shell_name: str,
                   started: float, oom_kills: int | None, cwd_fd: int | None,
                   spill: Spill | None, live: LiveOutput | None) -> ShellRunResult:
     """Collect the output and the end of a shell.run's command, ending what it leaves.
-    `oom_kills`: the session's count before the command started (Session.memory_note).
+    `oom_kills`: the session's count before the command started (SessionView.memory_note).
     `live`: the output's way to a streaming client, which holds the command while the
     client is slow, up to the command's end (tools/live.py)."""
     out = HeadTail(p.max_output_chars)

@@ -16,12 +16,12 @@ from toolsd.wire.files import MAX_READ
 from toolsd.wire.protocol import ToolsdError
 
 if TYPE_CHECKING:
-    from toolsd.daemon.session import Session
+    from toolsd.tools.session_view import SessionView
 
 __all__ = ["read"]
 
 
-async def read(session: Session, path: str) -> bytes | None:
+async def read(session: SessionView, path: str) -> bytes | None:
     """The whole file at `path` through the helper, or None: read it the other way. The
     first call of a session starts the helper in the background and returns None."""
     helper = session.files

@@ -30,7 +30,7 @@ from toolsd.wire.protocol import (
 )
 
 if TYPE_CHECKING:
-    from toolsd.daemon.session import Session
+    from toolsd.tools.session_view import SessionView
 
 __all__ = ["read", "READ_CAP", "READ_TIMEOUT_S", "MAX_PIXELS", "DECODE_SLOTS"]
 
@@ -71,13 +71,13 @@ _NOT_FOUND_REASONS = {
     "Permission denied",
 }
 
-async def read(session: Session, p: ImageReadParams) -> ImageReadResult:
+async def read(session: SessionView, p: ImageReadParams) -> ImageReadResult:
     """image.read: the file at `p.path` (relative paths from the workspace), as the session
     sees it, fitted within p.max_dim and p.max_bytes."""
     session.check_open()
     if not p.path or "\0" in p.path:
         raise ToolsdError(BAD_PARAMS, "path must be a non-empty file path without NUL bytes")
-    max_frame = session.supervisor.config.max_frame
+    max_frame = session.host.max_frame
     if p.max_bytes > max_frame - _REPLY_OVERHEAD:
         raise ToolsdError(
             BAD_PARAMS,
@@ -115,7 +115,7 @@ async def read(session: Session, p: ImageReadParams) -> ImageReadResult:
     )
 
 
-async def _read_in_sandbox(session: Session, path: str) -> bytes:
+async def _read_in_sandbox(session: SessionView, path: str) -> bytes:
     """The bytes of `path` read by `head` inside the session's sandbox, at most READ_CAP.
     stdout and stderr get separate pipes, so an error text is never taken for file data."""
     ready = session.launcher.ready

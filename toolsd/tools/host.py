@@ -1,0 +1,28 @@
+"""What the daemon found about its host when it started, the same for every session: built
+once (Supervisor) and handed down to sessions and tools as a value."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from toolsd.sandbox import cgroups
+from toolsd.sandbox.policy import Limits
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    max_frame: int  # the largest frame a reply may be (--max-frame)
+    limits: Limits  # a session's limits where session.open names none
+    shown: tuple[str, ...]  # home.SECRETS entries let back into the home (--show)
+    bwrap: str | None  # the sandbox's bubblewrap; None: sessions run unsandboxed
+    why_no_sandbox: str
+    cgroup_places: Mapping[str, cgroups.Place]  # controller -> where sessions' cgroups go
+    # Folders sandboxed code must never reach: {path: what it is, in words}.
+    hidden_paths: Mapping[str, str]
+    scratch: str  # the state folder's: a session's /tmp is a folder in it
+    logs: str  # the state folder's: background processes' logs
+
+    @property
+    def sandbox_kind(self) -> str:
+        return "bwrap" if self.bwrap else "none"
