@@ -169,13 +169,14 @@ def session_network(sup: Supervisor, p: SessionNetworkParams) -> SessionNetworkR
 
 async def turn_begin(sup: Supervisor, p: SessionParams) -> TurnBeginResult:
     with sup.session(p.session).call() as session:
-        return await session.reported(TurnBeginResult(turn=session.begin_turn()))
+        session.check_open()
+        return await session.reported(TurnBeginResult(turn=session.turns.begin()))
 
 
 async def turn_end(sup: Supervisor, p: TurnEndParams) -> TurnEndResult:
     with sup.session(p.session).call() as session:
         return await session.reported(TurnEndResult(
-            repls_stopped=await session.end_turn(p.turn)))
+            repls_stopped=await session.turns.end(p.turn, session.id)))
 
 
 async def shell_run(sup: Supervisor, p: ShellRunParams, answer: Answer) -> ShellRunResult:

@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -23,7 +22,6 @@ from toolsd.daemon import workspaces
 from toolsd.daemon.activity import Activity
 from toolsd.daemon.egress import session_network
 from toolsd.daemon.session_memory import MemoryNotes
-from toolsd.daemon.turn import Turn
 from toolsd.sandbox import cgroups, file_helper, home
 from toolsd.sandbox.guards import MountGuard
 from toolsd.sandbox.launcher import Launcher, LauncherError
@@ -38,7 +36,6 @@ from toolsd.sandbox.session_policy import (
 )
 from toolsd.wire.protocol import (
     BAD_PARAMS,
-    NOT_FOUND,
     SANDBOX_UNAVAILABLE,
     SESSION_CLOSED,
     UNSET,
@@ -47,6 +44,7 @@ from toolsd.wire.protocol import (
     SessionOpenParams,
     ToolsdError,
 )
+from toolsd.tools.repl_turns import ReplTurns
 from toolsd.tools.spill import Spills
 
 if TYPE_CHECKING:
@@ -86,7 +84,7 @@ class Session(MemoryNotes):
             raise ToolsdError(SANDBOX_UNAVAILABLE, "writable: false needs the sandbox, and this "
                               "daemon has none (toolsd doctor says why); install bubblewrap")
         self.opened_at = time.time()
-        self.turns: dict[str, Turn] = {}
+        self.turns = ReplTurns()
         self.closed = False
         self.activity = Activity(trio.current_time())
         self.launcher: Launcher | None = None
@@ -244,12 +242,10 @@ class Session(MemoryNotes):
         self.closed = True
         with trio.CancelScope(shield=True):
             await self.supervisor.forwards.close_session(self.id)
-            repls = 0
             how = f"ended: {self.ended_why}" if self.ended_why else "closed"
             closed = ToolsdError(SESSION_CLOSED, f"session {self.id} was {how}, which stops "
                                  f"everything it runs; open a new session")
-            for turn in list(self.turns.values()):
-                repls += await self._end_turn(turn, closed)
+            repls = await self.turns.aclose(closed)
             stopped = 0
             async with trio.open_nursery() as n:
                 for proc in list(self.processes.values()):
@@ -317,28 +313,6 @@ class Session(MemoryNotes):
         result.host_exec = await self.repositories.look() or UNSET
         return self.net.report(result)
 
-    # ------------------------------------------------------------ turns
-
-    def begin_turn(self) -> str:
-        self.check_open()
-        turn_id = f"t-{uuid.uuid4().hex[:12]}"
-        self.turns[turn_id] = Turn(turn_id)
-        return turn_id
-
-    def turn(self, turn_id: str) -> Turn:
-        turn = self.turns.get(turn_id)
-        if turn is None:
-            raise ToolsdError(NOT_FOUND, f"no turn {turn_id!r} in session {self.id}; "
-                              f"start one with turn.begin")
-        return turn
-
-    async def end_turn(self, turn_id: str) -> int:
-        return await self._end_turn(self.turn(turn_id))
-
-    async def _end_turn(self, turn: Turn, cut_off: ToolsdError | None = None) -> int:
-        self.turns.pop(turn.id, None)
-        return await turn.aclose(cut_off)
-
     # ------------------------------------------------------------ what it owns
 
     @property
@@ -361,7 +335,7 @@ class Session(MemoryNotes):
             session=self.id, workspace=self.workspace, sandbox=self.sandbox_kind,
             network=self.network, writable=self.writable, forwards=list(forwards),
             processes=sum(1 for bg in self.processes.values() if bg.running),
-            repls=sum(t.repl_count for t in self.turns.values()), opened_at=self.opened_at,
+            repls=self.turns.repl_count, opened_at=self.opened_at,
             alive=self.alive, host_exec=self.repositories.last_seen() or UNSET,
             tenant=self.tenant)
 

@@ -47,12 +47,12 @@ when a request's deadline comes sooner; a timeout, a cancel or the interpreter's
 the rest of the request to a task (`Run.finish`, repl_run.py), which ends it as `execute`
 would.
 
-Resource handling: a Repl belongs to its Turn; `aclose()` (turn.end, session.close) kills the
-interpreter's tree and ends its output pump and watch task, which run in the session's
-nursery. The daemon's end of every pipe belongs to the running `Interpreter`
-(interpreter.py), and is closed when its pump ends (output) or when it is killed (commands).
-A request's lock on its REPL is owned by its Run from `_begin` and released in `end_run`, when
-the Run is answered (repl_run.RunState).
+Resource handling: a Repl belongs to its turn (repl_turns.py); `aclose()` (turn.end,
+session.close) kills the interpreter's tree and ends its output pump and watch task, which
+run in the session's nursery. The daemon's end of every pipe belongs to the running
+`Interpreter` (interpreter.py), and is closed when its pump ends (output) or when it is
+killed (commands). A request's lock on its REPL is owned by its Run from `_begin` and
+released in `end_run`, when the Run is answered (repl_run.RunState).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ async def execute(session: SessionView, p: ReplExecParams,
     """Run `p.code` on the REPL of (session, p.turn, p.language), starting it if needed.
     `answer`: the request's, for its output events (`p.stream`)."""
     session.check_open()
-    turn = session.turn(p.turn)
+    turn = session.turns.get(p.turn, session.id)
     repl = turn.repl(p.language)
     if repl is None:
         argv = interpreter_argv(session.launcher.ready, p.language)
@@ -123,7 +123,7 @@ def start_detached(session: SessionView, p: ReplExecParams, detached: Detached) 
     idle: the code goes to the interpreter now, and the task reading the interpreter's output
     answers. False when it needs a task (the turn's first call, a busy REPL)."""
     session.check_open()
-    repl = session.turn(p.turn).repl(p.language)
+    repl = session.turns.get(p.turn, session.id).repl(p.language)
     return repl is not None and repl.start_detached(p, detached, session)
 
 

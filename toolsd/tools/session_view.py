@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from toolsd.sandbox.repositories import RepositoryWatch
     from toolsd.tools.background import BackgroundProcess
     from toolsd.tools.host import Host
+    from toolsd.tools.repl_turns import ReplTurns
     from toolsd.tools.spill import Spills
 
 
@@ -35,6 +36,7 @@ class SessionView(Protocol):
     repositories: RepositoryWatch  # host_exec: every spawn waits for its baseline
     files: FileHelper
     python_exe: str | None  # the real python3 of the sandbox, once asked
+    turns: ReplTurns  # repl.exec's REPLs, by turn
 
     @property
     def closed(self) -> bool: ...
@@ -70,9 +72,6 @@ class SessionView(Protocol):
         """Around a call on the session: it is not idle meanwhile."""
 
     def remember_python(self, path: str) -> None: ...
-
-    def turn(self, turn_id: str):
-        """The session's turn of that id (its REPLs); ToolsdError if none."""
 
     async def reported(self, result):
         """`result` with what the session reports after each call (host_exec, egress)."""
