@@ -183,6 +183,7 @@ class Connection:
                         # stops our reading when its socket fills.
                         await self.send(self.refuse_busy(request))
                         continue
+                    entry.method = dispatch.METHODS.get(request.method)
                     if self._answer_now(entry):
                         continue
                     if entry.registered and self._start_detached(entry):
@@ -206,14 +207,13 @@ class Connection:
     def _start_detached(self, entry: Entry) -> bool:
         """Start a request without a task, if its method can (its row's `detached`) and it
         is in a state to; False to run it the usual way, which also answers any error."""
-        request = entry.request
-        method = dispatch.METHODS.get(request.method)
+        request, method = entry.request, entry.method
         if method is None or method.detached is None:
             return False
         self.requests.detach(entry)
         try:
-            if method.detached(self.supervisor,
-                               method.admit(self.supervisor, request, self.tenant), entry):
+            entry.params = method.admit(self.supervisor, request, self.tenant)
+            if method.detached(self.supervisor, entry.params, entry):
                 return True
         except ToolsdError:
             pass  # said again, and answered, the usual way
@@ -232,7 +232,7 @@ class Connection:
         if request.method == "cancel":
             reply = self.cancel(request)
         else:
-            method = dispatch.METHODS.get(request.method)
+            method = entry.method
             if method is None or not method.instant or not entry.registered:
                 return False
             try:
@@ -347,12 +347,13 @@ class Connection:
 
     async def _dispatch(self, entry: Entry) -> object:
         """The result of a request from its method's handler."""
-        request = entry.request
-        method = dispatch.METHODS.get(request.method)
+        request, method = entry.request, entry.method
         if method is None:
             raise ToolsdError(UNKNOWN_METHOD, f"unknown method {request.method!r}; known: "
                               f"{', '.join(sorted(dispatch.METHODS) + ['cancel'])}")
-        params = method.admit(self.supervisor, request, self.tenant)
+        params = entry.params
+        if params is None:  # else admitted already, for a detached start it declined
+            params = method.admit(self.supervisor, request, self.tenant)
         return await method.call(self.supervisor, params, entry, self.tenant)
 
     def cancel(self, request: Request) -> Reply:

@@ -1,12 +1,15 @@
 """The table the connection dispatches with: one row per wire method (`Method`), and its
 handler.
 
-Each handler takes the Supervisor and the decoded params Struct (and, for a row that says
-`takes_answer`, the request's tools.calls.Answer) and returns a result Struct; it raises
-ToolsdError for a reply with an error code. `cancel` is the connection's own (it is about
-the connection, not the sessions). A call that names a session or one of its processes runs
-inside `session.call()`, which keeps the session from counting as idle; the listings
-(session.list, process.list) are looks from outside and do not.
+Every handler has one signature, `(target, params, call)`: the row's `on` says what it is
+given first (the Supervisor, the session `params.session` names, or the process
+`params.id` names) and so what `Method.call` wraps it in, once for every row: a call on a
+session or one of its processes runs inside `session.call()`, which keeps the session from
+counting as idle, and its result is `session.reported()`; the listings (session.list,
+process.list) are looks from outside and do neither. `call` (a `Call`) carries the
+Supervisor, the request's tools.calls.Answer and the caller's tenant. A handler returns a
+result Struct and raises ToolsdError for a reply with an error code. `cancel` is the
+connection's own (it is about the connection, not the sessions).
 
 Tenants (daemon/tenants.py): a row whose params name a session or a process says so
 (`scope=SESSION` for `params.session`, `scope=PROCESS` for `params.id`), and the connection
@@ -18,6 +21,7 @@ that takes such an id needs nothing but its scope; tests/test_tenants.py tries e
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import TYPE_CHECKING, Awaitable, Callable, Final, Generic, TypeVar
 
 import msgspec
@@ -74,23 +78,50 @@ from toolsd.wire.protocol import (
 )
 
 if TYPE_CHECKING:
+    from toolsd.daemon.session import Session
     from toolsd.daemon.supervisor import Supervisor
+    from toolsd.tools.background import BackgroundProcess
 
-__all__ = ["METHODS", "Method", "CancelParams", "decode"]
+__all__ = ["METHODS", "Method", "On", "Call", "CancelParams", "decode"]
 
 P = TypeVar("P", bound=msgspec.Struct)
 
 
+class On(enum.Enum):
+    """What a row's handler is given first, and so what the connection wraps it in."""
+
+    DAEMON = "daemon"  # the Supervisor
+    # The session `params.session` names, the call inside its `call()` (it is not idle
+    # meanwhile) and the result `reported()` (host_exec, refused connections).
+    SESSION = "session"
+    # The process `params.id` names (in `params.session` if given), inside its session's
+    # `call()`, the result reported by that session.
+    PROCESS = "process"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """What a handler may need besides its target and params: the Supervisor, the request's
+    Answer (stream events, after-answer hooks; None for an instant row), the caller's
+    tenant."""
+
+    sup: Supervisor
+    answer: Answer | None
+    tenant: str
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Method(Generic[P]):
-    """One wire method: how its params decode, who handles it, and whether it can start
-    without a task of its own."""
+    """One wire method: how its params decode, who handles it, on what, and whether it can
+    start without a task of its own."""
 
     params: type[P]
-    # (supervisor, params) -> result Struct; (supervisor, params, answer) if takes_answer.
-    # A coroutine function, or a plain one for an `instant` row.
+    # (target, params, Call) -> result Struct: a coroutine function, or a plain one for an
+    # `instant` row.
     handler: Callable[..., Awaitable[object]] | Callable[..., object]
-    takes_answer: bool = False
+    on: On = On.DAEMON
+    # A SESSION or PROCESS row whose result has no host_exec (file.watch) says False.
+    reports: bool = True
     # (supervisor, params, detached) -> True if it took the request: it will answer through
     # `detached`, or hand the rest to a task with detached.escalate(). False, or ToolsdError,
     # before doing anything (work it gave `detached.after` is then dropped): the request
@@ -99,10 +130,9 @@ class Method(Generic[P]):
     # Which id in the params names what the call touches: tenants.check runs on it before
     # the handler, so another tenant's id is not_found (daemon/tenants.py).
     scope: Scope = Scope.NONE
-    # The handler also takes `tenant=` (the caller's): for what lists or makes sessions.
-    takes_tenant: bool = False
-    # The handler never waits (a plain function): the connection answers the request in the
-    # task that read it, with no task or cancel scope of its own (connection._answer_now).
+    # The handler never waits (a plain function on the Supervisor): the connection answers
+    # the request in the task that read it, with no task or cancel scope of its own
+    # (connection._answer_now).
     instant: bool = False
 
     def decode(self, request: Request) -> P:
@@ -114,25 +144,29 @@ class Method(Generic[P]):
         check(sup, tenant, self.scope, params)
         return params
 
-    def call(self, sup: Supervisor, params: P, answer: Answer, tenant: str):
-        """The handler's awaitable for these (admitted) params."""
-        extra = {"tenant": tenant} if self.takes_tenant else {}
-        if self.instant:
-            return _ready(self.handler(sup, params, **extra))
-        if self.takes_answer:
-            return self.handler(sup, params, answer, **extra)
-        return self.handler(sup, params, **extra)
+    async def call(self, sup: Supervisor, params: P, answer: Answer | None,
+                   tenant: str) -> object:
+        """The handler's result for these (admitted) params, on the row's target."""
+        call = Call(sup, answer, tenant)
+        if self.on is On.DAEMON:
+            result = self.handler(sup, params, call)
+            return result if self.instant else await result
+        if self.on is On.SESSION:
+            session = sup.session(params.session)
+        else:
+            proc = sup.processes.get(params.id, params.session)
+            session = proc.session
+        with session.call():
+            result = await self.handler(session if self.on is On.SESSION else proc,
+                                        params, call)
+            return await session.reported(result) if self.reports else result
 
     def call_now(self, sup: Supervisor, params: P, tenant: str) -> object:
         """An instant row's result."""
-        return self.handler(sup, params, **({"tenant": tenant} if self.takes_tenant else {}))
+        return self.handler(sup, params, Call(sup, None, tenant))
 
 
-async def _ready(result: object) -> object:
-    return result
-
-
-def hello(sup: Supervisor, p: HelloParams, tenant: str = LOCAL) -> HelloResult:
+def hello(sup: Supervisor, p: HelloParams, call: Call) -> HelloResult:
     return HelloResult(
         protocol=1,
         server=sup.server_name,
@@ -141,108 +175,94 @@ def hello(sup: Supervisor, p: HelloParams, tenant: str = LOCAL) -> HelloResult:
         languages=sup.host_languages,
         max_frame=sup.config.max_frame,
         features=list(FEATURES),
-        tenant=tenant,
+        tenant=call.tenant,
     )
 
 
-async def session_open(sup: Supervisor, p: SessionOpenParams,
-                       tenant: str = LOCAL) -> SessionOpenResult:
-    session = await sup.open_session(p, tenant)
+async def session_open(sup: Supervisor, p: SessionOpenParams, call: Call) -> SessionOpenResult:
+    session = await sup.open_session(p, call.tenant)
     return SessionOpenResult(session=session.id, sandbox=session.sandbox_kind,
                              workspace=session.workspace)
 
 
-async def session_close(sup: Supervisor, p: SessionParams) -> SessionCloseResult | None:
+async def session_close(sup: Supervisor, p: SessionParams,
+                        call: Call) -> SessionCloseResult | None:
     return await sup.close_session(p.session)
 
 
-def session_list(sup: Supervisor, p: SessionListParams,
-                       tenant: str = LOCAL) -> SessionListResult:
+def session_list(sup: Supervisor, p: SessionListParams, call: Call) -> SessionListResult:
     return SessionListResult(sessions=[s.info(sup.forwards.info(s.id))
                                        for s in sup.open_sessions()
-                                       if visible(tenant, s.tenant)])
+                                       if visible(call.tenant, s.tenant)])
 
 
-def session_network(sup: Supervisor, p: SessionNetworkParams) -> SessionNetworkResult:
+def session_network(sup: Supervisor, p: SessionNetworkParams,
+                    call: Call) -> SessionNetworkResult:
     return sup.session(p.session).net.listing(p.since)  # daemon/egress.py
 
 
-async def turn_begin(sup: Supervisor, p: SessionParams) -> TurnBeginResult:
-    with sup.session(p.session).call() as session:
-        session.check_open()
-        return await session.reported(TurnBeginResult(turn=session.turns.begin()))
+async def turn_begin(session: Session, p: SessionParams, call: Call) -> TurnBeginResult:
+    session.check_open()
+    return TurnBeginResult(turn=session.turns.begin())
 
 
-async def turn_end(sup: Supervisor, p: TurnEndParams) -> TurnEndResult:
-    with sup.session(p.session).call() as session:
-        return await session.reported(TurnEndResult(
-            repls_stopped=await session.turns.end(p.turn, session.id)))
+async def turn_end(session: Session, p: TurnEndParams, call: Call) -> TurnEndResult:
+    return TurnEndResult(repls_stopped=await session.turns.end(p.turn, session.id))
 
 
-async def shell_run(sup: Supervisor, p: ShellRunParams, answer: Answer) -> ShellRunResult:
-    with sup.session(p.session).call() as session:
-        return await session.reported(await shell.run(session, p, answer))
+async def shell_run(session: Session, p: ShellRunParams, call: Call) -> ShellRunResult:
+    return await shell.run(session, p, call.answer)
 
 
-async def repl_exec(sup: Supervisor, p: ReplExecParams, answer: Answer) -> ReplExecResult:
-    with sup.session(p.session).call() as session:
-        return await session.reported(await repl.execute(session, p, answer))
+async def repl_exec(session: Session, p: ReplExecParams, call: Call) -> ReplExecResult:
+    return await repl.execute(session, p, call.answer)
 
 
-async def process_start(sup: Supervisor, p: ProcessStartParams) -> ProcessStartResult:
-    with sup.session(p.session).call() as session:
-        return await session.reported(await processes.start(sup.processes, session, p))
+async def process_start(session: Session, p: ProcessStartParams,
+                        call: Call) -> ProcessStartResult:
+    return await processes.start(call.sup.processes, session, p)
 
 
-async def process_output(sup: Supervisor, p: ProcessOutputParams,
-                         answer: Answer) -> ProcessOutputResult:
-    proc = sup.processes.get(p.id, p.session)
-    with proc.session.call():
-        result = await processes.output(proc, p, answer)
-        proc.session.net.report_output(result, proc, moves_mark=p.since is None)  # egress
-        return await proc.session.reported(result)
+async def process_output(proc: BackgroundProcess, p: ProcessOutputParams,
+                         call: Call) -> ProcessOutputResult:
+    result = await processes.output(proc, p, call.answer)
+    proc.session.net.report_output(result, proc, moves_mark=p.since is None)  # egress
+    return result
 
 
-async def process_stop(sup: Supervisor, p: ProcessStopParams) -> ProcessStopResult:
-    proc = sup.processes.get(p.id, p.session)
-    with proc.session.call():
-        return await proc.session.reported(await processes.stop(proc, p))
+async def process_stop(proc: BackgroundProcess, p: ProcessStopParams,
+                       call: Call) -> ProcessStopResult:
+    return await processes.stop(proc, p)
 
 
-async def process_write(sup: Supervisor, p: ProcessWriteParams) -> ProcessWriteResult:
-    proc = sup.processes.get(p.id, p.session)
-    with proc.session.call():
-        return await proc.session.reported(await processes.write(proc, p))
+async def process_write(proc: BackgroundProcess, p: ProcessWriteParams,
+                        call: Call) -> ProcessWriteResult:
+    return await processes.write(proc, p)
 
 
-async def process_resize(sup: Supervisor, p: ProcessResizeParams) -> ProcessResizeResult:
-    proc = sup.processes.get(p.id, p.session)
-    with proc.session.call():
-        return await proc.session.reported(await processes.resize(proc, p))
+async def process_resize(proc: BackgroundProcess, p: ProcessResizeParams,
+                         call: Call) -> ProcessResizeResult:
+    return await processes.resize(proc, p)
 
 
-async def port_forward(sup: Supervisor, p: PortForwardParams) -> PortForwardResult:
-    with sup.session(p.session).call() as session:
-        return await session.reported(await sup.forwards.forward(session, p))
+async def port_forward(session: Session, p: PortForwardParams, call: Call) -> PortForwardResult:
+    return await call.sup.forwards.forward(session, p)
 
 
-async def port_close(sup: Supervisor, p: PortCloseParams) -> PortCloseResult:
-    with sup.session(p.session).call() as session:
-        return await session.reported(await sup.forwards.close(session, p.port))
+async def port_close(session: Session, p: PortCloseParams, call: Call) -> PortCloseResult:
+    return await call.sup.forwards.close(session, p.port)
 
 
-async def process_list(sup: Supervisor, p: ProcessListParams,
-                       tenant: str = LOCAL) -> ProcessListResult:
+async def process_list(sup: Supervisor, p: ProcessListParams, call: Call) -> ProcessListResult:
     listed = await processes.listing(sup.processes, p)
-    if tenant != LOCAL:
-        mine = {bg.id for bg in sup.processes if bg.session.tenant == tenant}
+    if call.tenant != LOCAL:
+        mine = {bg.id for bg in sup.processes if bg.session.tenant == call.tenant}
         listed.processes = [info for info in listed.processes if info.id in mine]
     return listed
 
 
-async def image_read(sup: Supervisor, p: ImageReadParams) -> ImageReadResult:
-    with sup.session(p.session).call() as session:
-        return await session.reported(await images.read(session, p))
+async def image_read(session: Session, p: ImageReadParams, call: Call) -> ImageReadResult:
+    return await images.read(session, p)
 
 
 def repl_exec_detached(sup: Supervisor, p: ReplExecParams, detached: Detached) -> bool:
@@ -268,36 +288,38 @@ def repl_exec_detached(sup: Supervisor, p: ReplExecParams, detached: Detached) -
 
 SESSION, PROCESS = Scope.SESSION, Scope.PROCESS
 
+ON_SESSION, ON_PROCESS = On.SESSION, On.PROCESS
+
 METHODS: Final[dict[str, Method]] = {
-    "hello": Method(HelloParams, hello, takes_tenant=True, instant=True),
-    "session.open": Method(SessionOpenParams, session_open, takes_tenant=True),
+    "hello": Method(HelloParams, hello, instant=True),
+    "session.open": Method(SessionOpenParams, session_open),
     "session.close": Method(SessionParams, session_close, scope=SESSION),
-    "session.list": Method(SessionListParams, session_list, takes_tenant=True, instant=True),
+    "session.list": Method(SessionListParams, session_list, instant=True),
     "session.network": Method(SessionNetworkParams, session_network, scope=SESSION,
                               instant=True),
-    "turn.begin": Method(SessionParams, turn_begin, scope=SESSION),
-    "turn.end": Method(TurnEndParams, turn_end, scope=SESSION),
-    "shell.run": Method(ShellRunParams, shell_run, takes_answer=True, scope=SESSION),
-    "repl.exec": Method(ReplExecParams, repl_exec, takes_answer=True,
-                        detached=repl_exec_detached, scope=SESSION),
-    "process.start": Method(ProcessStartParams, process_start, scope=SESSION),
-    "process.output": Method(ProcessOutputParams, process_output, takes_answer=True,
-                             scope=PROCESS),
-    "process.stop": Method(ProcessStopParams, process_stop, scope=PROCESS),
-    "process.write": Method(ProcessWriteParams, process_write, scope=PROCESS),
-    "process.resize": Method(ProcessResizeParams, process_resize, scope=PROCESS),
-    "process.list": Method(ProcessListParams, process_list, scope=SESSION, takes_tenant=True),
-    "image.read": Method(ImageReadParams, image_read, scope=SESSION),
-    "port.forward": Method(PortForwardParams, port_forward, scope=SESSION),
-    "port.close": Method(PortCloseParams, port_close, scope=SESSION),
-    "file.read": Method(fw.FileReadParams, fm.file_read, scope=SESSION),
-    "file.write": Method(fw.FileWriteParams, fm.file_write, scope=SESSION),
-    "file.list": Method(fw.FileListParams, fm.file_list, scope=SESSION),
-    "file.stat": Method(fw.FileStatParams, fm.file_stat, scope=SESSION),
-    "file.mkdir": Method(fw.FileMkdirParams, fm.file_mkdir, scope=SESSION),
-    "file.remove": Method(fw.FileRemoveParams, fm.file_remove, scope=SESSION),
-    "file.rename": Method(fw.FileRenameParams, fm.file_rename, scope=SESSION),
-    "file.watch": Method(fw.FileWatchParams, fm.file_watch, takes_answer=True, scope=SESSION),
+    "turn.begin": Method(SessionParams, turn_begin, ON_SESSION, scope=SESSION),
+    "turn.end": Method(TurnEndParams, turn_end, ON_SESSION, scope=SESSION),
+    "shell.run": Method(ShellRunParams, shell_run, ON_SESSION, scope=SESSION),
+    "repl.exec": Method(ReplExecParams, repl_exec, ON_SESSION, detached=repl_exec_detached,
+                        scope=SESSION),
+    "process.start": Method(ProcessStartParams, process_start, ON_SESSION, scope=SESSION),
+    "process.output": Method(ProcessOutputParams, process_output, ON_PROCESS, scope=PROCESS),
+    "process.stop": Method(ProcessStopParams, process_stop, ON_PROCESS, scope=PROCESS),
+    "process.write": Method(ProcessWriteParams, process_write, ON_PROCESS, scope=PROCESS),
+    "process.resize": Method(ProcessResizeParams, process_resize, ON_PROCESS, scope=PROCESS),
+    "process.list": Method(ProcessListParams, process_list, scope=SESSION),
+    "image.read": Method(ImageReadParams, image_read, ON_SESSION, scope=SESSION),
+    "port.forward": Method(PortForwardParams, port_forward, ON_SESSION, scope=SESSION),
+    "port.close": Method(PortCloseParams, port_close, ON_SESSION, scope=SESSION),
+    "file.read": Method(fw.FileReadParams, fm.file_read, ON_SESSION, scope=SESSION),
+    "file.write": Method(fw.FileWriteParams, fm.file_write, ON_SESSION, scope=SESSION),
+    "file.list": Method(fw.FileListParams, fm.file_list, ON_SESSION, scope=SESSION),
+    "file.stat": Method(fw.FileStatParams, fm.file_stat, ON_SESSION, scope=SESSION),
+    "file.mkdir": Method(fw.FileMkdirParams, fm.file_mkdir, ON_SESSION, scope=SESSION),
+    "file.remove": Method(fw.FileRemoveParams, fm.file_remove, ON_SESSION, scope=SESSION),
+    "file.rename": Method(fw.FileRenameParams, fm.file_rename, ON_SESSION, scope=SESSION),
+    "file.watch": Method(fw.FileWatchParams, fm.file_watch, ON_SESSION, reports=False,
+                         scope=SESSION),
 }
 
 

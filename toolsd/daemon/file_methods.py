@@ -1,26 +1,27 @@
 """The handlers of the file methods (protocol 1.2 "files", "watch") for dispatch.py's table:
-each runs its tool (tools/files.py, tools/file_watch.py) on the session its params name."""
+each runs its tool (tools/files.py, tools/file_watch.py) on the session its params name,
+which the table's row gives it (On.SESSION)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from toolsd.tools import file_watch as file_watch_tool, files
-from toolsd.tools.calls import Answer
 from toolsd.wire.files import FileWatchParams, FileWatchResult
 
 if TYPE_CHECKING:
+    from toolsd.daemon.dispatch import Call
     from toolsd.daemon.session import Session
-    from toolsd.daemon.supervisor import Supervisor
 
 __all__ = ["file_read", "file_write", "file_list", "file_stat", "file_mkdir", "file_remove",
            "file_rename", "file_watch"]
 
 
 def _on_session(tool: Callable[[Session, object], Awaitable[object]]):
-    async def handler(sup: Supervisor, p) -> object:
-        with sup.session(p.session).call() as session:
-            return await session.reported(await tool(session, p))
+    """A dispatch handler (an On.SESSION row's) for a file tool, which needs nothing but
+    the session and the params."""
+    async def handler(session: Session, p, call: Call) -> object:
+        return await tool(session, p)
 
     handler.__name__ = f"file_{tool.__name__}"
     return handler
@@ -35,6 +36,5 @@ file_remove = _on_session(files.remove)
 file_rename = _on_session(files.rename)
 
 
-async def file_watch(sup: Supervisor, p: FileWatchParams, answer: Answer) -> FileWatchResult:
-    with sup.session(p.session).call() as session:
-        return await file_watch_tool.watch(session, p, answer)
+async def file_watch(session: Session, p: FileWatchParams, call: Call) -> FileWatchResult:
+    return await file_watch_tool.watch(session, p, call.answer)

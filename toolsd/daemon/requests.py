@@ -46,7 +46,8 @@ class Entry:
     """One admitted request. It is what its handler gets as its tools.calls.Answer, and, for
     a request started without a task, as its tools.calls.Detached."""
 
-    __slots__ = ("request", "scope", "state", "registered", "rest", "_after", "_table")
+    __slots__ = ("request", "scope", "state", "registered", "rest", "method", "params",
+                 "_after", "_table")
 
     def __init__(self, table: RequestTable, request: Request, registered: bool):
         self.request = request
@@ -56,6 +57,10 @@ class Entry:
         self.state = State.TASK
         # A detached request's rest, in a task (tools.calls.Detached.rest).
         self.rest: Callable[[], Awaitable[object]] | None = None
+        # Its dispatch row, looked up once by the connection (None: no such method), and its
+        # params once admitted (decoded once, however it is then run).
+        self.method = None
+        self.params = None
         self._after: list[Callable[[], None]] = []
         self._table = table
 
