@@ -25,7 +25,7 @@ from toolsd.sandbox.errors import LauncherError
 from toolsd.sandbox.egress.connlog import ConnectionLog
 from toolsd.sandbox.egress.dial import Upstreams
 from toolsd.sandbox.egress.gate import Gate
-from toolsd.sandbox.egress.proxy import Budget, EgressProxy, Limits
+from toolsd.sandbox.egress.proxy import Budget, EgressProxy, ProxyLimits
 from toolsd.sandbox.egress.resolver import HostResolver, TestResolver
 from toolsd.sandbox.egress.rules import OFF, BadRule, Rule, parse_rule
 from toolsd.wire.egress import NetworkEntry, NetworkRule, SessionNetworkResult
@@ -151,6 +151,6 @@ def session_network(network: str | NetworkRule, host: EgressHost, sandboxed: boo
         env["PIP_RETRIES"] = "0"  # pip would retry for seconds a network that is off
     net = SessionNetwork(name, rule, "none", env, host.resolv_conf)
     timeout = getattr(host.resolver, "head_timeout_s", None)  # tests only
-    limits = Limits(head_timeout_s=timeout) if timeout else Limits()
+    limits = ProxyLimits(head_timeout_s=timeout) if timeout else ProxyLimits()
     net.proxy = EgressProxy(gate, net.log, limits, host.budget)
     return net

@@ -13,7 +13,7 @@ MAX_DENIED_LISTED = 20
 
 
 @dataclasses.dataclass
-class Entry:
+class LoggedConnection:
     at: float
     host: str
     port: int
@@ -32,32 +32,33 @@ class ConnectionLog:
     MAX_ENTRIES. Refusals are counted apart, so a result can list those of its call."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES):
-        self._entries: collections.deque[Entry] = collections.deque(maxlen=max_entries)
+        self._entries: collections.deque[LoggedConnection] = collections.deque(
+            maxlen=max_entries)
         self._next = 0  # number of the next entry
         # (when, "host:port: why") of each refusal, for the results of the calls it fell in.
         self._denied: collections.deque[tuple[float, str]] = collections.deque(maxlen=max_entries)
 
     def add(self, host: str, port: int, verdict: str, why: str, *,
-            now: float | None = None) -> Entry:
-        entry = Entry(time.time() if now is None else now, host, port, verdict, why)
+            now: float | None = None) -> LoggedConnection:
+        entry = LoggedConnection(time.time() if now is None else now, host, port, verdict, why)
         self._entries.append(entry)
         self._next += 1
         if verdict == "denied":
             self._denied.append((entry.at, entry.line()))
         return entry
 
-    def allowed(self, host: str, port: int, why: str = "allowed") -> Entry:
+    def allowed(self, host: str, port: int, why: str = "allowed") -> LoggedConnection:
         return self.add(host, port, "allowed", why)
 
-    def denied(self, host: str, port: int, why: str) -> Entry:
+    def denied(self, host: str, port: int, why: str) -> LoggedConnection:
         return self.add(host, port, "denied", why)
 
-    def refuse(self, entry: Entry, why: str) -> None:
+    def refuse(self, entry: LoggedConnection, why: str) -> None:
         """An allowed connection refused after all (its TLS server name, say)."""
         entry.verdict, entry.why = "denied", why
         self._denied.append((time.time(), entry.line()))
 
-    def read(self, since: int = 0) -> tuple[list[Entry], int, int]:
+    def read(self, since: int = 0) -> tuple[list[LoggedConnection], int, int]:
         """(entries numbered `since` on, the number to read from next, how many entries
         from `since` on were dropped before this read)."""
         first = self._next - len(self._entries)

@@ -20,7 +20,7 @@ CACHE_MAX = 256
 
 
 @dataclasses.dataclass(frozen=True)
-class Target:
+class Destination:
     label: str  # the host as the log shows it: the normalised name, or the address
     port: int
     addrs: tuple[IPAddress, ...]  # checked; empty when going by name through `upstream`
@@ -57,12 +57,12 @@ class Gate:
             raise Refused(str(host), port or 0, why)
         return host
 
-    async def target(self, text: str, port: int, *, tunnel: bool) -> Target:
+    async def target(self, text: str, port: int, *, tunnel: bool) -> Destination:
         """Where a connection to text:port goes; Refused, or ResolveError, if nowhere."""
         host = self.name_of(text, port)
         if not isinstance(host, str):
             self.check_address(str(host), port, host)
-            return Target(str(host), port, (host,))
+            return Destination(str(host), port, (host,))
         upstream = self.upstreams.for_host(host, tunnel=tunnel)
         try:
             addrs = await self.addresses(host, port)
@@ -70,8 +70,8 @@ class Gate:
             if upstream is None:
                 raise
             # Behind a proxy the host often resolves no outside name: the proxy does.
-            return Target(host, port, (), host, upstream)
-        return Target(host, port, addrs, host, upstream)
+            return Destination(host, port, (), host, upstream)
+        return Destination(host, port, addrs, host, upstream)
 
     async def addresses(self, name: str, port: int) -> tuple[IPAddress, ...]:
         """The checked addresses of the allowed `name`: Refused if any is refused (a name

@@ -5,7 +5,7 @@ kill it), each connection decided by the Gate and recorded in the ConnectionLog.
 
 Resource handling: `serve()` runs in the session's nursery; it owns the listening sockets
 and every connection it accepted and closes them when cancelled. A session holds at most
-`Limits.connections` connections at once, and all sessions together `Budget.limit`: past
+`ProxyLimits.connections` connections at once, and all sessions together `Budget.limit`: past
 either, a new one is refused at once, so no session can take the daemon's descriptors.
 """
 
@@ -21,9 +21,9 @@ import trio
 
 from toolsd.sandbox.egress import dns_message as dns
 from toolsd.sandbox.egress import dns_stub, http_head, sni, socks
-from toolsd.sandbox.egress.connlog import ConnectionLog, Entry
+from toolsd.sandbox.egress.connlog import ConnectionLog, LoggedConnection
 from toolsd.sandbox.egress.dial import DialError, open_address, open_tunnel, open_upstream
-from toolsd.sandbox.egress.gate import Gate, Refused, Target
+from toolsd.sandbox.egress.gate import Destination, Gate, Refused
 from toolsd.sandbox.egress.relay import relay
 from toolsd.sandbox.egress.resolver import ResolveError
 from toolsd.sandbox.egress.rules import host_name
@@ -36,7 +36,7 @@ TLS_PORTS = frozenset({443})
 
 
 @dataclasses.dataclass(frozen=True)
-class Limits:
+class ProxyLimits:
     connections: int = 256  # open at once per session, each holding two daemon fds
     head_timeout_s: float = 30.0  # for the request line, the SOCKS handshake, the ClientHello
 
@@ -55,7 +55,7 @@ class _Closed(Exception):
 
 
 class EgressProxy:
-    def __init__(self, gate: Gate, log_: ConnectionLog, limits: Limits = Limits(),
+    def __init__(self, gate: Gate, log_: ConnectionLog, limits: ProxyLimits = ProxyLimits(),
                  budget: Budget | None = None):
         self.gate = gate
         self.log = log_
@@ -195,13 +195,13 @@ class EgressProxy:
                 auth = target.upstream.authorization if target.upstream else None
                 await relay(client, server, entry, head.for_origin(auth) + rest)
 
-    def _check_host_header(self, head: http_head.Head, target: Target) -> None:
+    def _check_host_header(self, head: http_head.Head, target: Destination) -> None:
         why = self._host_header_refused(head.header(b"host"), target)
         if why is not None:
             raise Refused(target.label, target.port, why)
 
     @staticmethod
-    def _host_header_refused(value: bytes | None, target: Target) -> str | None:
+    def _host_header_refused(value: bytes | None, target: Destination) -> str | None:
         if value is None:
             return None
         try:
@@ -213,14 +213,14 @@ class EgressProxy:
         return (f"the Host header {value.decode('latin-1')[:80]!r} does not match the "
                 f"request's host {target.label}")
 
-    async def _dial(self, target: Target, *, tunnel: bool) -> trio.SocketStream:
+    async def _dial(self, target: Destination, *, tunnel: bool) -> trio.SocketStream:
         if target.upstream is None:
             return await open_address(list(target.addrs), target.port)
         if tunnel:
             return await open_tunnel(target.upstream, target.name or target.label, target.port)
         return await open_upstream(target.upstream)
 
-    def _tunnel_check(self, client, target: Target, entry: Entry):
+    def _tunnel_check(self, client, target: Destination, entry: LoggedConnection):
         """What a tunnel's first bytes must be: a ClientHello naming the very host asked
         for (on a TLS port, or wherever one comes), or a plain HTTP request whose Host
         header names it."""
@@ -258,7 +258,7 @@ class EgressProxy:
 
         return check
 
-    def _server_name_refused(self, name: str | None, target: Target) -> str | None:
+    def _server_name_refused(self, name: str | None, target: Destination) -> str | None:
         if target.name is not None:
             if name is None:
                 return f"the ClientHello names no server; {target.label} was asked for"

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from toolsd.sandbox.egress.connlog import Entry
+from toolsd.sandbox.egress.connlog import LoggedConnection
 
 CHUNK = 256 * 1024  # a pipe of this size per direction: what one connection holds
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -21,8 +21,8 @@ F_SETPIPE_SZ = 1031
 YIELD_EVERY = 8 << 20
 
 
-async def relay(client: trio.SocketStream, server: trio.SocketStream, entry: Entry,
-                first: bytes = b"",
+async def relay(client: trio.SocketStream, server: trio.SocketStream,
+                entry: LoggedConnection, first: bytes = b"",
                 check: Callable[[bytes], Awaitable[bytes | None]] | None = None) -> None:
     """Carry bytes until the server's side ends (then the exchange is over) or either side
     fails. `first`: bytes the client sent already. `check(data)`, if given, sees the client's
@@ -57,8 +57,8 @@ async def relay(client: trio.SocketStream, server: trio.SocketStream, entry: Ent
         nursery.start_soon(downstream)
 
 
-async def pump(src: trio.SocketStream, dst: trio.SocketStream, entry: Entry, count: str
-               ) -> None:
+async def pump(src: trio.SocketStream, dst: trio.SocketStream, entry: LoggedConnection,
+               count: str) -> None:
     """Everything `src` sends, to `dst`, until `src` ends."""
     if _SPLICE is None:
         while data := await src.receive_some(CHUNK):

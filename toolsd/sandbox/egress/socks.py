@@ -43,13 +43,13 @@ def parse_greeting(data: bytes) -> tuple[int, bool] | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Request:
+class SocksRequest:
     host: str  # a name as sent, or an address's text
     port: int
     is_name: bool
 
 
-def parse_request(data: bytes) -> tuple[int, Request] | None:
+def parse_request(data: bytes) -> tuple[int, SocksRequest] | None:
     """(bytes used, the CONNECT request), or None for more; BadSocks for any other."""
     if len(data) < 5:
         return None
@@ -75,8 +75,8 @@ def parse_request(data: bytes) -> tuple[int, Request] | None:
             host = raw[1:].decode("ascii")
         except UnicodeDecodeError:
             host = raw[1:].decode("utf-8", "replace")  # refused by the name check
-        return end + 2, Request(host, port, True)
-    return end + 2, Request(str(ipaddress.ip_address(raw)), port, False)
+        return end + 2, SocksRequest(host, port, True)
+    return end + 2, SocksRequest(str(ipaddress.ip_address(raw)), port, False)
 
 
 def choice(method: int) -> bytes:
