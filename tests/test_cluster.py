@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import time
 
 import psutil
 import pytest
@@ -240,12 +241,12 @@ def test_cluster_status_names_every_node_with_slots_only(sim):
 
 
 OWNER = r"""
-import json, os, sys
+import dataclasses, json, os, sys
 import ray
 from toolsd.cluster import Cluster
 ray.init(address=sys.argv[1], namespace="toolsd", log_to_driver=False)
 h = Cluster(root=sys.argv[2]).open_session()
-print(json.dumps({"session": h.session, "lease": h.lease, "node": h.node}), flush=True)
+print(json.dumps(dataclasses.asdict(h)), flush=True)
 os._exit(0)  # gone without closing: its job ends
 """
 
@@ -260,15 +261,16 @@ def test_a_lease_whose_job_ended_ends_its_session(sim):
     toolsd.up()
     out = subprocess.run([sys.executable, "-c", OWNER, cluster.cluster.address, toolsd.root],
                          capture_output=True, text=True, timeout=300, check=True).stdout
-    opened = json.loads(out.strip().splitlines()[-1])
-    try:
-        lease = ray.get_actor(opened["lease"], namespace="toolsd")
-        reason = ray.get(lease.wait_end.remote(), timeout=120)
-        assert "job" in reason
-    except (ValueError, ray.exceptions.RayActorError):
-        pass  # ended and gone already
-    status = {n["node"]: n for n in toolsd.status()["nodes"]}[node.node_id]
-    assert status["used"] == 0 and opened["session"] not in status["sessions"]
+    handle = SessionHandle(**json.loads(out.strip().splitlines()[-1]))
+    deadline = time.monotonic() + 120
+    while True:
+        status = {n["node"]: n for n in toolsd.status()["nodes"]}[node.node_id]
+        if status["used"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert status["used"] == 0 and handle.session not in status["sessions"]
+    error = error_of(handle)
+    assert error.code == "session_closed" and "job" in error.message
 
 
 def test_toolsd_cluster_up_status_down_for_a_person(sim):

@@ -3,16 +3,18 @@
 Pinned to its node (NodeAffinitySchedulingStrategy, soft=False), it starts `toolsd serve
 --listen tls://NODE_IP:PORT` as its child (daemon_process.py) and restarts it whenever it
 exits. It opens each lease's session over TLS with a token made for that lease (so the
-session belongs to the lease's tenant and no other lease can reach it), and ends the session
-when the lease ends: closed, its owner's job gone, or its actor dead.
+session belongs to the lease's tenant and no other lease can reach it), writes the lease's
+record (lease_record.py), and ends the session when the lease ends: closed, or its placement
+group gone (its owner's job or actor ended, or it was removed: the manager's look at Ray's
+placement group table, check()).
 
 A daemon that dies loses its sessions (a daemon's sessions never survive it): the agent
-records them as lost, ends their leases (their slots are free again) with the reason, which
-their handles report, and starts the daemon again on the same state folder, so no id it
-hands out is an old one.
+records them as lost with the reason, which their handles report, releases their leases
+(their slots are free again), and starts the daemon again on the same state folder, so no
+id it hands out is an old one.
 
 Resource handling: the agent owns the daemon process (which gets SIGTERM if the agent's
-process dies) and one watcher task per lease.
+process dies); the leases it holds are in `self.leases` (their placement groups are Ray's).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import time
 import ray
 
 from toolsd.client import AsyncClient, ToolsdError
-from toolsd.cluster import names
+from toolsd.cluster import lease as leases
+from toolsd.cluster import lease_record, names
+from toolsd.cluster.lease_record import LeaseState
 from toolsd.cluster.daemon_process import NodeFiles, die_with_parent, serve_argv
 
 log = logging.getLogger("toolsd.cluster")
@@ -45,7 +49,7 @@ class NodeAgent:
         self.url: str | None = None
         self.fingerprint: str | None = None
         self.proc: asyncio.subprocess.Process | None = None
-        self.leases: dict[str, dict] = {}  # lease name -> {tenant, token, session, job}
+        self.leases: dict[str, dict] = {}  # lease -> {tenant, token, session, job, pg}
         self.lost: list[dict] = []
         self.restarts = 0
         self.stopping = False
@@ -96,7 +100,7 @@ class NodeAgent:
                       f"and was restarted; its sessions were lost")
             log.warning("%s", reason)
             for name in list(self.leases):
-                await self._end(name, reason, daemon_alive=False)
+                await self._end(name, reason, LeaseState.LOST)
             try:
                 await self._start_daemon()
             except RuntimeError:
@@ -105,12 +109,12 @@ class NodeAgent:
                 self.port = 0
                 await self._start_daemon()
 
-    async def open_lease(self, lease: str, job: str, params: dict) -> dict:
-        """Open a session for `lease` (an actor on this node holding one slot)."""
+    async def open_lease(self, lease: str, pg: str, job: str, params: dict) -> dict:
+        """Open a session for `lease` (placement group `pg`, hex, holding a slot here)."""
         await self._ready.wait()
         tenant, token = names.lease_tenant(lease), secrets.token_urlsafe(32)
         self.leases[lease] = {"tenant": tenant, "token": token, "session": None, "job": job,
-                              "opened": time.time()}
+                              "pg": pg, "opened": time.time()}
         self._write_tokens()
         try:
             client = await AsyncClient.connect(self.url, token=token,
@@ -124,47 +128,56 @@ class NodeAgent:
             self._write_tokens()
             raise
         self.leases[lease]["session"] = result["session"]
-        asyncio.get_running_loop().create_task(self._watch(lease))
+        lease_record.write(self.node_id, lease, LeaseState.OPEN, pg=pg, job=job,
+                           session=result["session"])
         return {"url": self.url, "fingerprint": self.fingerprint, "token": token,
                 "session": result["session"], "node": self.node_id,
                 "workspace": result.get("workspace"), "result": result}
 
-    async def _watch(self, lease: str) -> None:
-        """End the session when the lease ends, however it ends."""
-        try:
-            handle = ray.get_actor(lease, namespace=names.NAMESPACE)
-            await handle.wait_end.remote()
-            reason = "the session was closed"
-        except Exception:
-            reason = "its lease actor died (its owner or its job ended, or it was killed)"
-        await self._end(lease, reason)
+    async def close_lease(self, lease: str) -> bool:
+        """Close the lease's session and end the lease; False: not one of this node's."""
+        if lease not in self.leases:
+            return False
+        await self._end(lease, "the session was closed", None)
+        return True
 
-    async def close_lease(self, lease: str) -> None:
-        await self._end(lease, "the session was closed")
-
-    async def reap(self, dead_jobs: list[str]) -> int:
-        """End the leases of jobs that are gone; how many."""
-        gone = [name for name, lease in self.leases.items() if lease["job"] in dead_jobs]
-        for name in gone:
-            await self._end(name, "the Ray job that opened it ended")
+    async def check(self, placed: list[str], dead_jobs: list[str]) -> int:
+        """End the leases whose placement group is no longer placed here (`placed`: the
+        leases Ray's table showed on this node a moment ago; one opened since is looked up
+        again) or whose job is gone; how many."""
+        placed, dead_jobs = set(placed), set(dead_jobs)
+        gone = []
+        for name, entry in list(self.leases.items()):
+            if entry["job"] in dead_jobs:
+                gone.append((name, "the Ray job that opened it ended"))
+            elif (name not in placed and entry["session"] is not None
+                  and leases.node_of(entry["pg"]) != self.node_id):
+                gone.append((name, "its placement group was removed (the job or actor that "
+                                   "opened it ended, or it was removed)"))
+        for name, reason in gone:
+            await self._end(name, reason, LeaseState.ENDED)
         return len(gone)
 
-    async def _end(self, lease: str, reason: str, daemon_alive: bool = True) -> None:
+    async def _end(self, lease: str, reason: str, state: LeaseState | None) -> None:
+        """End a lease: closed (state None: its record goes), ENDED or LOST (the record
+        keeps the reason). Its session is closed unless the daemon died with it."""
         entry = self.leases.pop(lease, None)
         if entry is None:
             return
         self._write_tokens()
-        if daemon_alive and entry["session"] is not None:
-            await self._close_session(entry["session"])
+        if state is LeaseState.LOST:
+            if entry["session"] is not None:
+                self.lost.append({"session": entry["session"], "lease": lease,
+                                  "reason": reason})
+                del self.lost[:-LOST_KEPT]
         elif entry["session"] is not None:
-            self.lost.append({"session": entry["session"], "lease": lease, "reason": reason})
-            del self.lost[:-LOST_KEPT]
-        try:  # the lease's own end: its handle reads the reason, Ray frees its slot
-            handle = ray.get_actor(lease, namespace=names.NAMESPACE)
-            await handle.end.remote(reason)
-            ray.kill(handle)
-        except Exception:
-            pass  # already gone
+            await self._close_session(entry["session"])
+        if state is None:
+            lease_record.drop(self.node_id, lease)
+        else:
+            lease_record.write(self.node_id, lease, state, pg=entry["pg"], job=entry["job"],
+                               session=entry["session"], reason=reason)
+        leases.release(entry["pg"])
 
     async def _close_session(self, session: str) -> None:
         try:
@@ -180,10 +193,6 @@ class NodeAgent:
     def _write_tokens(self) -> None:
         self.files.write_tokens({e["tenant"]: e["token"] for e in self.leases.values()})
 
-    async def why(self, lease: str) -> str | None:
-        """Why a lost lease ended (None: not one of the lost)."""
-        return next((e["reason"] for e in self.lost if e["lease"] == lease), None)
-
     async def status(self) -> dict:
         return {"node": self.node_id, "url": self.url, "fingerprint": self.fingerprint,
                 "pid": self.proc.pid if self.proc else None, "restarts": self.restarts,
@@ -195,7 +204,7 @@ class NodeAgent:
         """End every lease, then the daemon (SIGTERM: it closes its sessions first)."""
         self.stopping = True
         for name in list(self.leases):
-            await self._end(name, "the cluster was taken down")
+            await self._end(name, "the cluster was taken down", LeaseState.ENDED)
         if self.proc is not None and self.proc.returncode is None:
             self.proc.terminate()
             await self.proc.wait()

@@ -1,17 +1,19 @@
 """Cluster: the caller's side. `up()` connects to Ray and starts (or finds) the manager,
-which puts a toolsd on every node offering `toolsd_slot`; `open_session(**params)` makes a
-lease and returns its SessionHandle; `status()`; `down()`."""
+which puts a toolsd on every node offering `toolsd_slot`; `open_session(**params)` reserves
+a lease (a placement group: lease.py), has its node's agent open the session, and returns
+its SessionHandle; `status()`; `down()`."""
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import ray
 
+from toolsd.cluster import lease as leases
 from toolsd.cluster import names
 from toolsd.cluster.handle import SessionHandle
-from toolsd.cluster.lease import Lease
 from toolsd.cluster.manager import Manager
 
 __all__ = ["Cluster", "default_root"]
@@ -35,6 +37,7 @@ class Cluster:
         self.port = port
         self.serve_args = list(serve_args)
         self._manager = None
+        self._agents: dict[str, object] = {}  # node id -> its NodeAgent's handle
 
     def _connect(self):
         if not ray.is_initialized():
@@ -52,30 +55,51 @@ class Cluster:
 
     def open_session(self, *, resources: dict | None = None, num_cpus: float = 0,
                      memory: int | None = None, scheduling_strategy=None,
-                     **params) -> SessionHandle:
-        """A session (session.open's `params`) on a node Ray picks: one toolsd_slot plus
-        `resources`, `num_cpus`, `memory` (bytes) and `scheduling_strategy` as Ray takes
-        them. Blocks until Ray has placed the lease and the session is open."""
+                     label_selector: dict | None = None, **params) -> SessionHandle:
+        """A session (session.open's `params`) on a node Ray picks: a lease of one
+        toolsd_slot plus `resources`, `num_cpus`, `memory` (bytes), on the node of a
+        NodeAffinitySchedulingStrategy or with the node labels of `label_selector`. Blocks
+        until Ray has placed the lease and the session is open."""
         self._connect()
         name = f"{names.LEASE_PREFIX}{uuid.uuid4().hex}"
-        options = {"name": name, "namespace": names.NAMESPACE, "lifetime": "detached",
-                   "num_cpus": num_cpus,
-                   "resources": {**(resources or {}), names.SLOT: 1}}
-        if memory is not None:
-            options["memory"] = memory
-        if scheduling_strategy is not None:
-            options["scheduling_strategy"] = scheduling_strategy
+        bundle = leases.bundle_of(resources, num_cpus, memory)
+        pg, node = leases.reserve(name, bundle,
+                                  leases.placement_options(scheduling_strategy, label_selector))
         job = ray.get_runtime_context().get_job_id()
-        lease = Lease.options(**options).remote(name, job)
         try:
-            opened = ray.get(lease.open.remote(params))
+            opened = ray.get(self._agent(node).open_lease.remote(name, pg.id.hex(), job,
+                                                                 params))
         except BaseException:
-            ray.kill(lease)
+            self._agents.pop(node, None)
+            leases.release(pg.id.hex())
             raise
         return SessionHandle(url=opened["url"], fingerprint=opened["fingerprint"],
                              token=opened["token"], session=opened["session"],
                              node=opened["node"], lease=name,
-                             workspace=opened.get("workspace"))
+                             workspace=opened.get("workspace"), placement_group=pg.id.hex())
+
+    def _agent(self, node: str, timeout_s: float = 30.0):
+        """The node's agent. One that just joined may have none yet (Ray placed the lease
+        before the manager's look): have the manager start it now, and wait for its name
+        (registered a moment after its creation is asked for)."""
+        if node in self._agents:
+            return self._agents[node]
+        deadline = time.monotonic() + timeout_s
+        synced = False
+        while True:
+            try:
+                agent = ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
+                break
+            except ValueError:
+                if not synced:
+                    ray.get(self._connect().sync.remote())
+                    synced = True
+                elif time.monotonic() > deadline:
+                    raise
+                else:
+                    time.sleep(0.2)
+        self._agents[node] = agent
+        return agent
 
     def status(self) -> dict:
         """{nodes: [{node, url, fingerprint, slots, used, free, sessions, restarts, lost,
@@ -93,3 +117,4 @@ class Cluster:
             ray.get(self._connect().down.remote())
         ray.kill(self._manager)
         self._manager = None
+        self._agents.clear()

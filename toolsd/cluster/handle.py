@@ -6,8 +6,9 @@ session's daemon answers, how to trust it, the lease's token, the session id, th
 gives a Client that also knows the lease: when its connection is lost because the session
 is gone (its node left the cluster, its daemon died), a call raises `session_closed` saying
 so, at once, instead of `connection_lost`, and never tries again elsewhere. Inside Ray it
-also watches the lease, so a call in flight to a node that vanished without a word (no TCP
-reset) ends when Ray declares the node dead, not when TCP gives up.
+also watches the lease's record (lease_record.py, every WATCH_S), so a call in flight to a
+node that vanished without a word (no TCP reset) ends when Ray declares the node dead, not
+when TCP gives up.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
+import time
 from typing import Any
 
 from toolsd.client import Client, ConnectionLost, ToolsdError
@@ -25,6 +27,7 @@ __all__ = ["SessionHandle", "LeaseClient"]
 
 PROBE_S = 2.0  # how long connect() waits for the daemon when telling a blip from a loss
 VERDICT_S = 60.0  # how long it waits for Ray to declare a silent node dead
+WATCH_S = 1.0  # how often a LeaseClient looks at its lease's record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,7 @@ class SessionHandle:
     node: str
     lease: str
     workspace: str | None = None
+    placement_group: str | None = None  # the lease's, hex
 
     def connect(self, timeout: float | None = None) -> LeaseClient:
         return LeaseClient(self, timeout=timeout)
@@ -49,17 +53,15 @@ class SessionHandle:
                                "or session.close through the Client and let the lease end "
                                "with its job")
         try:
-            lease = ray.get_actor(self.lease, namespace=names.NAMESPACE)
-        except ValueError:
-            return  # ended already
-        try:
-            ray.get(lease.close.remote())
-        except ray.exceptions.RayActorError:
-            pass
-        try:
-            ray.kill(lease)
-        except ValueError:
-            pass
+            agent = ray.get_actor(names.agent_name(self.node), namespace=names.NAMESPACE)
+            if ray.get(agent.close_lease.remote(self.lease)):
+                return
+        except (ValueError, ray.exceptions.RayActorError):
+            pass  # its node is gone, or its agent is
+        if self.placement_group:
+            from toolsd.cluster import lease
+
+            lease.release(self.placement_group)
 
     def __enter__(self) -> SessionHandle:
         return self
@@ -81,31 +83,33 @@ class SessionHandle:
         return ToolsdError(SESSION_CLOSED, self.verdict(wait=VERDICT_S))
 
     def verdict(self, wait: float) -> str:
-        """Why the session is gone, as its lease or Ray tells it."""
+        """Why the session is gone, as its lease's record or Ray tells it; waits up to
+        `wait` s for Ray to tell a node that cannot be reached from a node that is lost."""
         where = f"session {self.session} on Ray node {self.node} ({self.url})"
         ray = _ray()
         if ray is None or not ray.is_initialized():
             return f"{where} is lost: its daemon does not know it or cannot be reached"
-        try:
-            lease = ray.get_actor(self.lease, namespace=names.NAMESPACE)
-            reason = ray.get(lease.wait_end.remote(), timeout=wait)
-            return f"{where} has ended: {reason}; open a new session"
-        except ray.exceptions.GetTimeoutError:
-            return f"{where} cannot be reached, and Ray still counts its node alive"
-        except (ValueError, ray.exceptions.RayActorError):
-            pass
-        try:  # the lease is gone; its node's agent remembers why, if the node is up
-            agent = ray.get_actor(names.agent_name(self.node), namespace=names.NAMESPACE)
-            reason = ray.get(agent.why.remote(self.lease), timeout=PROBE_S)
-            if reason:
-                return f"{where} has ended: {reason}; open a new session"
-        except (ValueError, ray.exceptions.RayError):
-            pass
-        alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
-        if not alive.get(self.node, False):
-            return (f"{where} is lost: the node was lost (it left the Ray cluster); open a "
-                    f"new session, it will go to a node that is up")
-        return f"{where} has ended: its lease is gone; open a new session"
+        from toolsd.cluster import lease_record
+
+        deadline = time.monotonic() + wait
+        while True:
+            record = lease_record.read(self.node, self.lease)
+            if record is None:
+                return f"{where} has ended: its lease is gone; open a new session"
+            if record["state"] == lease_record.LeaseState.LOST.value:
+                return f"{where} is lost: {record['reason']}; open a new session"
+            if record["state"] != lease_record.LeaseState.OPEN.value:
+                return f"{where} has ended: {record['reason']}; open a new session"
+            if not _alive(ray, self.node):
+                return (f"{where} is lost: the node was lost (it left the Ray cluster); open "
+                        f"a new session, it will go to a node that is up")
+            if time.monotonic() > deadline:
+                return f"{where} cannot be reached, and Ray still counts its node alive"
+            time.sleep(0.25)
+
+
+def _alive(ray, node: str) -> bool:
+    return any(n["NodeID"] == node and n["Alive"] for n in ray.nodes())
 
 
 class LeaseClient(Client):
@@ -113,6 +117,7 @@ class LeaseClient(Client):
 
     def __init__(self, handle: SessionHandle, timeout: float | None = None):
         self.handle = handle
+        self._closed = threading.Event()
         try:
             super().__init__(handle.url, token=handle.token, fingerprint=handle.fingerprint,
                              timeout=timeout)
@@ -126,16 +131,25 @@ class LeaseClient(Client):
                              name=f"toolsd-lease-{handle.session}").start()
 
     def _watch(self) -> None:
-        ray = _ray()
-        try:
-            lease = ray.get_actor(self.handle.lease, namespace=names.NAMESPACE)
-            ray.get(lease.wait_end.remote())
-        except Exception:
-            pass
+        from toolsd.cluster import lease_record
+
+        while not self._closed.wait(WATCH_S):
+            try:
+                record = lease_record.read(self.handle.node, self.handle.lease)
+            except Exception:
+                return  # Ray went away
+            if record is None or record["state"] != lease_record.LeaseState.OPEN.value:
+                break
+        else:
+            return  # closed
         try:  # whatever waits on the socket wakes up and reports why
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self) -> None:
+        self._closed.set()
+        super().close()
 
     def call(self, method: str, on_event=None, **params: Any) -> Any:
         try:

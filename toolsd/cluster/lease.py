@@ -1,71 +1,87 @@
-"""Lease: the actor that holds one `toolsd_slot` for as long as its session is open.
+"""A session's lease: a placement group of one bundle holding one `toolsd_slot` (plus what the
+caller asked: CPUs, memory, other custom resources, a node) for as long as the session is
+open. Ray's scheduler places the bundle, so Ray decides where a session goes and no node
+ever holds more sessions than its slots; a bundle is a reservation in Ray's books, not a
+process, so a lease costs no Ray worker.
 
-Ray places it (one `toolsd_slot`, plus what the caller asked: CPUs, memory, other custom
-resources, a scheduling strategy), so Ray's scheduler decides where a session goes and no
-node ever holds more sessions than its slots. Once placed, it asks its node's agent to open
-the session, and then only waits to be ended: by `close`, by the agent (the daemon died),
-or by Ray (its node died; it was killed). Ending it frees the slot.
-
-It is detached, so a session opened in one Ray task can be used from another after the
-first returned; it belongs to the Ray job that opened it, and the manager ends the leases
-of jobs that are gone (manager.py). Tool calls never pass through it.
+The lease's name is its placement group's name (names.LEASE_PREFIX + a random hex). Ray
+ends it with its owner: the job that opened it (when opened from a driver or a task) or the
+actor that did. Ray would move the bundle of a node that died to another node; the manager
+removes such a lease instead (its session is lost, never moved: manager.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import ray
+from ray.util.placement_group import (PlacementGroup, placement_group, placement_group_table,
+                                      remove_placement_group)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from toolsd.cluster import names
 
+__all__ = ["bundle_of", "placement_options", "reserve", "release", "node_of"]
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
-class Lease:
-    def __init__(self, name: str, job: str):
-        self.name = name
-        self.job = job
-        self.reason: str | None = None
-        self._ended = asyncio.Event()
-
-    async def open(self, params: dict) -> dict:
-        node = ray.get_runtime_context().get_node_id()
-        try:
-            agent = ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
-        except ValueError:
-            # A node that just joined: Ray placed us before the manager saw it. Have the
-            # manager start its agent now rather than at its next look.
-            manager = ray.get_actor(names.MANAGER, namespace=names.NAMESPACE)
-            await manager.sync.remote()
-            agent = await _agent_when_named(node)
-        return await agent.open_lease.remote(self.name, self.job, params)
-
-    async def wait_end(self) -> str:
-        """Returns, with the reason, once the lease has ended."""
-        await self._ended.wait()
-        return self.reason
-
-    async def end(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-        self._ended.set()
-
-    async def close(self) -> None:
-        node = ray.get_runtime_context().get_node_id()
-        agent = ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
-        await agent.close_lease.remote(self.name)
-        await self.end("the session was closed")
+WAIT_S = 30.0  # each wait for Ray to place the bundle (it waits as long as it takes)
 
 
-async def _agent_when_named(node: str, timeout_s: float = 30.0):
-    """The node's agent once Ray knows its name: the manager has asked for it, and an actor's
-    name is registered a moment after its creation is asked for. ValueError past timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return ray.get_actor(names.agent_name(node), namespace=names.NAMESPACE)
-        except ValueError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+def bundle_of(resources: dict | None, num_cpus: float, memory: int | None) -> dict:
+    """The lease's bundle: one slot and the caller's resources (Ray refuses zero amounts)."""
+    bundle = {k: v for k, v in (resources or {}).items() if v}
+    if num_cpus:
+        bundle["CPU"] = num_cpus
+    if memory:
+        bundle["memory"] = memory
+    bundle[names.SLOT] = 1
+    return bundle
+
+
+def placement_options(scheduling_strategy=None, label_selector: dict | None = None) -> dict:
+    """placement_group()'s options for what an actor would take as `scheduling_strategy`:
+    None / "DEFAULT", or a NodeAffinitySchedulingStrategy (soft=False: that node or wait;
+    soft=True: that node if it has room). `label_selector`: node labels the bundle needs."""
+    selector = dict(label_selector or {})
+    options = {}
+    if isinstance(scheduling_strategy, NodeAffinitySchedulingStrategy):
+        if scheduling_strategy.soft:
+            options["_soft_target_node_id"] = scheduling_strategy.node_id
+        else:
+            selector[names.NODE_LABEL] = scheduling_strategy.node_id
+    elif scheduling_strategy not in (None, "DEFAULT"):
+        raise ValueError(f"a session's lease is a placement group: it takes no scheduling "
+                         f"strategy {scheduling_strategy!r}; use NodeAffinitySchedulingStrategy"
+                         f" or label_selector (node labels)")
+    if selector:
+        options["bundle_label_selector"] = [selector]
+    return options
+
+
+def reserve(name: str, bundle: dict, options: dict) -> tuple[PlacementGroup, str]:
+    """Ask Ray for the bundle and wait until it is placed: (the placement group, its node)."""
+    pg = placement_group([bundle], strategy="STRICT_PACK", name=name, **options)
+    try:
+        while not pg.wait(WAIT_S):
+            pass  # no room yet: Ray keeps it pending, as it would an actor
+        return pg, node_of(pg.id.hex())
+    except BaseException:
+        remove_placement_group(pg)
+        raise
+
+
+def node_of(pg: str) -> str | None:
+    """The node a lease's bundle is on now (None: not placed, or removed)."""
+    entry = placement_group_table(_group(pg))
+    if entry.get("state") != "CREATED":
+        return None
+    return entry.get("bundles_to_node_id", {}).get(0)
+
+
+def release(pg: str) -> None:
+    """End a lease (frees its slot); nothing if it ended already."""
+    try:
+        remove_placement_group(_group(pg))
+    except Exception:  # removed already, or Ray is going down
+        pass
+
+
+def _group(pg: str) -> PlacementGroup:
+    return PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg)))

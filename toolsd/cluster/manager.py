@@ -1,10 +1,15 @@
 """Manager: the one detached actor that keeps a NodeAgent on every node offering
-`toolsd_slot`, answers status(), and ends leases whose Ray job is gone.
+`toolsd_slot`, answers status(), and has the agents end the leases that Ray ended.
 
-Ray has no event for a node that joins, nor for a job that ends: the manager looks at the
-node and job tables every WATCH_S (one call to Ray's control store each; nothing else on the
-node does any work in between). A node that left takes its agent, daemon and leases with it
-(they were its processes); the manager forgets it.
+Ray has no event for a node that joins, a job that ends or a placement group removed: the
+manager looks at the node, job and placement group tables every WATCH_S (one call to Ray's
+control store each; nothing else on the node does any work in between) and tells each agent
+which of its leases are still placed on its node (NodeAgent.check).
+
+A node that left takes its agent, daemon and sessions with it (they were its processes).
+Ray would move its leases' bundles to other nodes; the manager removes those placement
+groups and records the leases as lost with their node (lease_record.py), so a session is
+reported lost, never moved.
 """
 
 from __future__ import annotations
@@ -15,7 +20,11 @@ import logging
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from toolsd.cluster import names
+from ray.util.placement_group import placement_group_table
+
+from toolsd.cluster import lease as leases
+from toolsd.cluster import lease_record, names
+from toolsd.cluster.lease_record import LeaseState
 from toolsd.cluster.agent import NodeAgent
 
 log = logging.getLogger("toolsd.cluster")
@@ -36,6 +45,7 @@ class Manager:
         self.serve_args = list(serve_args)
         self.agents: dict[str, object] = {}  # node id -> NodeAgent handle
         self.slots: dict[str, float] = {}
+        self.buried: set[str] = set()  # dead nodes whose leases were recorded lost
         self._sync_lock = asyncio.Lock()
         self._watching = False
         self.stopped = False
@@ -55,15 +65,18 @@ class Manager:
             await asyncio.sleep(WATCH_S)
             try:
                 await self.sync()
-                await self._reap_jobs()
+                await self._check_leases()
             except Exception:
                 log.exception("watching the cluster")
 
     async def sync(self) -> None:
         """An agent (and so a daemon) on every live node with slots; none for the others."""
         async with self._sync_lock:
+            table = ray.nodes()
             alive = {n["NodeID"]: n["Resources"].get(names.SLOT, 0)
-                     for n in ray.nodes() if n["Alive"]}
+                     for n in table if n["Alive"]}
+            for node in {n["NodeID"] for n in table if not n["Alive"]} - self.buried - set(alive):
+                self._bury(node)
             for node in [n for n in self.agents if n not in alive]:
                 log.info("node %s left the cluster", node)
                 self.agents.pop(node)
@@ -84,11 +97,30 @@ class Manager:
                 except Exception as e:
                     log.warning("no toolsd on node %s: %s", node, e)
 
-    async def _reap_jobs(self) -> None:
+    def _bury(self, node: str) -> None:
+        """A node died: its leases are lost; remove their placement groups before Ray gives
+        their bundles to another node."""
+        reason = (f"the node was lost (Ray node {node} left the Ray cluster); its daemon and "
+                  f"sessions went with it")
+        for lease, record in lease_record.of_node(node).items():
+            if record["state"] == LeaseState.OPEN.value:
+                leases.release(record["pg"])
+                lease_record.write(node, lease, LeaseState.LOST, pg=record["pg"],
+                                   job=record["job"], session=record["session"],
+                                   reason=reason)
+        self.buried.add(node)
+
+    async def _check_leases(self) -> None:
         dead = [job["JobID"] for job in ray._private.state.jobs() if job.get("IsDead")]
-        if dead:
-            await asyncio.gather(*(a.reap.remote(dead) for a in self.agents.values()),
-                                 return_exceptions=True)
+        placed: dict[str, list[str]] = {node: [] for node in self.agents}
+        for entry in placement_group_table().values():
+            node = entry.get("bundles_to_node_id", {}).get(0)
+            if (entry.get("state") == "CREATED" and node in placed
+                    and entry.get("name", "").startswith(names.LEASE_PREFIX)):
+                placed[node].append(entry["name"])
+        await asyncio.gather(*(agent.check.remote(placed[node], dead)
+                               for node, agent in self.agents.items()),
+                             return_exceptions=True)
 
     async def status(self) -> dict:
         nodes = []
@@ -121,3 +153,4 @@ class Manager:
         for agent in agents:
             ray.kill(agent)
         self.agents.clear()
+        lease_record.drop_all()
