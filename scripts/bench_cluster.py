@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """toolsd.cluster on a simulated Ray cluster (ray.cluster_utils.Cluster on this machine).
 
-1. Session open through the cluster (a lease actor placed by Ray, the node agent opening the
-   session with the lease's token) next to a direct `session.open` over TLS on one daemon,
+1. Session open through the cluster (a lease's placement group placed by Ray, the node
+   agent opening the session with the lease's token) next to a direct `session.open` over TLS on one daemon,
    in the same run (goal: within 3x).
 2. The figure of record: CLUSTER_SESSIONS (default 1,000) sessions across 5 simulated
    nodes, all answering a `shell.run`; open time p50/p99 and memory per session (the
-   machine's used memory before and after, over the sessions: sandboxes, daemons and the
-   lease actors' Ray workers). Heavy: run it only on a quiet machine with the memory for it
+   machine's used memory before and after, over the sessions: their sandboxes and what the
+   daemons hold for them; a lease starts no process). Heavy: run it only on a quiet machine with the memory for it
    (CLUSTER_SESSIONS=200 for a smaller run; CLUSTER_SESSIONS=0 skips it).
 
 Run: .venv/bin/python scripts/bench_cluster.py   (scripts/bench.py runs it as `cluster`)
@@ -88,9 +88,9 @@ def compare_open(sim, toolsd) -> None:
     assert node["url"]
 
 
-# What one session costs here, measured (its sandbox and its lease actor's Ray worker):
+# What one session may cost here (its sandbox, the daemon's share), with room to spare:
 # below this much free memory per session the run would push the machine into swap or OOM.
-NEEDS_PER_SESSION = 80 * 2**20
+NEEDS_PER_SESSION = 16 * 2**20
 
 
 def many_sessions(sim, toolsd, count: int) -> None:
