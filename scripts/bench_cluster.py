@@ -99,8 +99,10 @@ def many_sessions(sim, toolsd, count: int) -> None:
         print(f"cluster: {count} sessions need about {count * NEEDS_PER_SESSION / 2**30:.0f} "
               f"GiB free, {free / 2**30:.0f} GiB are: skipped (CLUSTER_SESSIONS=N for fewer)")
         return
-    per_node = count // NODES + 10
-    for _ in range(NODES - 1):  # one node is up already, from compare_open (OPENS + 5)
+    # One node is up already, from compare_open (OPENS + 5 slots): the others take the rest,
+    # with a few to spare (a session waits for a free slot, so too few would hang the run).
+    per_node = -(-(count - OPENS - 5) // (NODES - 1)) + 10
+    for _ in range(NODES - 1):
         sim.add_node(per_node)
     toolsd.up()
     before = psutil.virtual_memory().used
