@@ -1,4 +1,4 @@
-"""What the agent tests share: a module's daemon, a fresh workspace and conversation store per
+"""What the agent tests share: a fresh workspace and conversation store per
 test, and Agents on a scripted model that are closed at the test's end, leaving no process;
 for `toolsd agent` and `toolsd mcp` run as commands, a `place` (workspace, HOME, state and
 environment of a test's own) and the processes a command left."""
@@ -17,7 +17,7 @@ from agent.agent import Agent
 from agent.models.scripted import ScriptedModel
 from agent.turn import AgentConfig
 from model_server import ModelServer
-from conftest import has_ended, module_daemon as shared_daemon, short_tempdir, wait_for, wait_gone
+from conftest import has_ended, short_tempdir, wait_for, wait_gone
 from test_idle import sandbox_of
 
 
@@ -55,16 +55,11 @@ class Kit:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def module_daemon():
-    """One daemon per test module that takes it (`module_daemon = agentkit.module_daemon`):
-    its tests get a workspace and a conversation store each."""
-    yield from shared_daemon()
-
-
 @pytest.fixture
-async def kit(module_daemon):
-    k = Kit(module_daemon)
+async def kit(daemon):
+    """Agents on the test's daemon (the module's shared one, in the agent tests), with a
+    workspace and a conversation store of their own."""
+    k = Kit(daemon)
     yield k
     await k.close()
 

@@ -222,16 +222,17 @@ def daemon_without_bash(root: str, tools=("sh", "echo", "cat", "python3", "bwrap
     return d
 
 
-def module_daemon():
-    """The body of a module-scoped daemon fixture (`yield from module_daemon()`): one daemon
-    for a whole test file, stopped and checked at its end, its folder removed."""
-    root = short_tempdir()
-    d = RunningDaemon(root).start()
-    try:
-        yield d
-        assert d.stop() == 0, d.read_log()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def start_daemon(root: str, mark: pytest.Mark | None) -> RunningDaemon:
+    """A daemon in `root` started as the `daemon` mark says: its positional arguments are
+    added to `toolsd serve`; `env`, `tls`, `warm_spare` and `prefix` are RunningDaemon's;
+    `prepare(d)` runs before the start (to put files in its HOME, change d.env, ...)."""
+    options = dict(mark.kwargs) if mark else {}
+    options.pop("shared", None)
+    prepare = options.pop("prepare", None)
+    d = RunningDaemon(root, tuple(mark.args) if mark else (), **options)
+    if prepare is not None:
+        prepare(d)
+    return d.start()
 
 
 @pytest.fixture
@@ -243,14 +244,12 @@ def daemon_root():
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "shared_daemon: the module's tests share one daemon (each its own workspace); "
-        "after each test its sessions are closed and the daemon's tree must be empty")
-    config.addinivalue_line(
-        "markers", "fresh_daemon: in a shared_daemon module, this test starts its own daemon "
-        "(it stops, kills or reconfigures it, or changes its HOME)")
-    config.addinivalue_line(
-        "markers", "tls_daemon: the daemon also listens on TLS at 127.0.0.1 (RunningDaemon.url, "
-        "fingerprint, token)")
+        "markers", "daemon(*serve_args, shared=False, env=None, tls=False, warm_spare=False, "
+        "prefix=(), prepare=None): which daemon the `daemon` fixture is, the closest mark "
+        "deciding (a test's over its module's; options are not merged). With shared=True "
+        "(as a module's pytestmark) the module's tests share one daemon, each with a "
+        "workspace of its own; after each test its sessions are closed and the daemon's tree "
+        "must be empty. Otherwise each test has a daemon of its own, started with the options.")
     config.addinivalue_line(
         "markers", "cluster_heavy: the 150-session Ray cluster test (minutes); run it alone "
         "with -m cluster_heavy, or leave it out with -m 'not cluster_heavy'")
@@ -273,15 +272,20 @@ class ModuleDaemon:
     behind or kills the daemon fails itself, and the next test gets a new daemon: a leftover
     never shows up in another test's check."""
 
-    def __init__(self, tls: bool = False):
+    def __init__(self, mark: pytest.Mark | None):
         self.root: str | None = None
         self.daemon: RunningDaemon | None = None
-        self.tls = tls
+        self.mark = mark
 
     def get(self) -> RunningDaemon:
         if self.daemon is None:
-            self.root = short_tempdir()
-            self.daemon = RunningDaemon(self.root, tls=self.tls).start()
+            root = short_tempdir()
+            try:
+                self.daemon = start_daemon(root, self.mark)
+            except BaseException:
+                shutil.rmtree(root, ignore_errors=True)
+                raise
+            self.root = root
         return self.daemon
 
     def discard(self, check: bool = True) -> None:
@@ -293,7 +297,8 @@ class ModuleDaemon:
                 code = d.stop()
                 assert not check or code == 0, d.read_log()
         finally:
-            shutil.rmtree(root, ignore_errors=True)
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
 
     def check_after(self, test: str) -> None:
         """Close what the test left open, then nothing may be left in the daemon's tree."""
@@ -315,7 +320,8 @@ class ModuleDaemon:
 
 @pytest.fixture(scope="module")
 def shared_module_daemon(request):
-    shared = ModuleDaemon(tls=request.node.get_closest_marker("tls_daemon") is not None)
+    """The daemon the tests of a module marked `daemon(shared=True)` share."""
+    shared = ModuleDaemon(request.node.get_closest_marker("daemon"))
     try:
         yield shared
     finally:
@@ -324,10 +330,10 @@ def shared_module_daemon(request):
 
 @pytest.fixture
 def daemon(request):
-    """Its own daemon for each test; in a module marked `shared_daemon`, the module's daemon
-    with a workspace of the test's own (unless the test is marked `fresh_daemon`)."""
-    if request.node.get_closest_marker("shared_daemon") and \
-            not request.node.get_closest_marker("fresh_daemon"):
+    """The test's daemon, as the closest `daemon` mark says: the module's shared daemon with a
+    workspace of the test's own, or a daemon of the test's own (the default)."""
+    mark = request.node.get_closest_marker("daemon")
+    if mark is not None and mark.kwargs.get("shared"):
         shared = request.getfixturevalue("shared_module_daemon")
         d = shared.get()
         workspace = tempfile.mkdtemp(prefix="ws-", dir=d.root)
@@ -335,8 +341,7 @@ def daemon(request):
         shared.check_after(request.node.nodeid)
         shutil.rmtree(workspace, ignore_errors=True)
         return
-    d = RunningDaemon(request.getfixturevalue("daemon_root"),
-                      tls=request.node.get_closest_marker("tls_daemon") is not None).start()
+    d = start_daemon(request.getfixturevalue("daemon_root"), mark)
     yield d
     assert d.stop() == 0, d.read_log()
 

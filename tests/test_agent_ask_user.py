@@ -4,15 +4,15 @@ terminal), and the answer is the tool's result; not with --json, from a pipe, or
 from __future__ import annotations
 
 import pexpect
+import pytest
 
 import agentkit
 from conftest import needs_bwrap
 from model_server import Call, openai_stream
 from test_agent_cli import argv, run, server, spawn, tool_message  # noqa: F401 (a fixture)
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
@@ -20,11 +20,11 @@ def declared(request) -> list[str]:
     return [t["function"]["name"] for t in request.body.get("tools", [])]
 
 
-def test_the_persons_answer_is_the_result_and_the_turn_goes_on(server, place, module_daemon):
+def test_the_persons_answer_is_the_result_and_the_turn_goes_on(server, place, daemon):
     server.push(openai_stream(calls=[Call("ask_user", {"question": "Which port?"})]),
                 openai_stream(text="Using 8080."))
     child = spawn(argv(server, place, "--mode", "ask", "start the server",
-                       socket=module_daemon.socket), place)
+                       socket=daemon.socket), place)
     child.expect_exact("? Which port?")
     child.expect_exact("Your answer: ")
     child.sendline("8080, please")
@@ -37,13 +37,13 @@ def test_the_persons_answer_is_the_result_and_the_turn_goes_on(server, place, mo
     assert tool_message(server.requests[1])["content"] == "The user answered: 8080, please"
 
 
-def test_not_offered_with_json_or_from_a_pipe(server, place, module_daemon):
+def test_not_offered_with_json_or_from_a_pipe(server, place, daemon):
     server.push(openai_stream(text="one"), openai_stream(text="two"))
-    piped = run(argv(server, place, "--mode", "auto", socket=module_daemon.socket), place,
+    piped = run(argv(server, place, "--mode", "auto", socket=daemon.socket), place,
                 stdin="hello\n")
     assert piped.returncode == 0, piped.stderr
     child = spawn(argv(server, place, "--mode", "auto", "--json", "hi",
-                       socket=module_daemon.socket), place)
+                       socket=daemon.socket), place)
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0

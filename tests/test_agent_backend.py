@@ -7,6 +7,7 @@ import io
 import os
 import re
 
+import pytest
 import trio
 import trio.testing
 from PIL import Image
@@ -18,10 +19,9 @@ import agentkit
 from agent.models.scripted import call, reply
 from conftest import needs_bwrap, wait_for
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
-module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 
@@ -111,9 +111,9 @@ async def test_repl_output_and_errors(kit):
     assert len(texts[2]) <= RESULT_CHARS and "the whole output is in /tmp/" in texts[2]
 
 
-async def test_processes_outside_this_agent_are_unknown_ids(kit, module_daemon):
+async def test_processes_outside_this_agent_are_unknown_ids(kit, daemon):
     # Ids are daemon-wide: a model must not reach another session's process by guessing.
-    with module_daemon.client() as c:
+    with daemon.client() as c:
         other = c.session_open(kit.workspace)["session"]
         foreign = c.process_start(other, "sleep 1000")["id"]
         try:

@@ -15,7 +15,7 @@ from agent.providers import render_anthropic, render_openai_chat
 from conftest import needs_bwrap
 from model_server import Call, anthropic_stream, openai_stream, quick_retries
 
-module_daemon = agentkit.module_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 kit = agentkit.kit
 
 

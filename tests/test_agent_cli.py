@@ -22,9 +22,8 @@ from agentkit import Place, descendants, running
 from conftest import needs_bwrap, wait_for, wait_gone
 from model_server import Call, JSONReply, ModelServer, anthropic_stream, openai_stream
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 RESULT_CHARS = 4000
 
@@ -116,12 +115,12 @@ def test_every_tool_end_to_end_on_a_daemon_of_its_own(server, place):
         assert seen.size == (64, 48)
 
 
-def test_json_prints_the_events_as_lines(server, place, module_daemon):
+def test_json_prints_the_events_as_lines(server, place, daemon):
     server.push(openai_stream(text="One call.", calls=[Call("run_terminal",
                                                             {"command": "echo hi"})]),
                 openai_stream(text="bye"))
     done = run(argv(server, place, "--mode", "auto", "--json", "go",
-                    socket=module_daemon.socket), place)
+                    socket=daemon.socket), place)
     assert done.returncode == 0, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert [e["type"] for e in events] == [
@@ -134,12 +133,12 @@ def test_json_prints_the_events_as_lines(server, place, module_daemon):
     assert "[completed]" not in done.stderr  # the human lines are not printed with --json
 
 
-def test_anthropic_api(server, place, module_daemon):
+def test_anthropic_api(server, place, daemon):
     server.push(anthropic_stream(calls=[Call("run_terminal", {"command": "echo hi"})]),
                 anthropic_stream(text="fine"))
     place.env["ANTHROPIC_API_KEY"] = "ak-test"
     cmd = argv(server, place, "--api", "anthropic", "--mode", "auto", "go",
-               socket=module_daemon.socket)
+               socket=daemon.socket)
     cmd[cmd.index("--base-url") + 1] = server.url
     done = run(cmd, place)
     assert done.returncode == 0, done.stderr
@@ -151,12 +150,12 @@ def test_anthropic_api(server, place, module_daemon):
         "hi\n[exit code 0]"
 
 
-def test_what_the_hosts_git_would_run_is_a_warning_line(server, place, module_daemon):
+def test_what_the_hosts_git_would_run_is_a_warning_line(server, place, daemon):
     server.push(openai_stream(calls=[Call("run_terminal", {
                     "command": "git init -q app && echo evil > app/.git/hooks/pre-commit"})]),
                 openai_stream(calls=[Call("run_terminal", {"command": "echo again"})]),
                 openai_stream(text="made a repository"))
-    done = run(argv(server, place, "--mode", "auto", "go", socket=module_daemon.socket), place)
+    done = run(argv(server, place, "--mode", "auto", "go", socket=daemon.socket), place)
     assert done.returncode == 0, done.stderr
     hook = f"{os.path.realpath(place.workspace)}/app/.git/hooks/pre-commit"
     warnings = [line for line in done.stderr.splitlines() if "WARNING" in line]
@@ -172,11 +171,11 @@ def test_what_the_hosts_git_would_run_is_a_warning_line(server, place, module_da
 # ---------------------------------------------------------------- errors a person makes
 
 
-def test_a_wrong_url_is_one_line(server, place, module_daemon):
+def test_a_wrong_url_is_one_line(server, place, daemon):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    cmd = argv(server, place, "--mode", "auto", "hello", socket=module_daemon.socket)
+    cmd = argv(server, place, "--mode", "auto", "hello", socket=daemon.socket)
     cmd[cmd.index("--base-url") + 1] = f"http://127.0.0.1:{port}/v1"
     done = run(cmd, place)
     assert done.returncode == 1
@@ -185,11 +184,11 @@ def test_a_wrong_url_is_one_line(server, place, module_daemon):
         f"completions: connection refused; check the base URL and that the server is running"]
 
 
-def test_a_wrong_key_is_one_line_naming_its_variable(server, place, module_daemon):
+def test_a_wrong_key_is_one_line_naming_its_variable(server, place, daemon):
     server.push(JSONReply(401, {"error": {"message": "Incorrect API key provided"}}))
     place.env["MY_KEY"] = "sk-wrong"
     done = run(argv(server, place, "--api-key-env", "MY_KEY", "--mode", "auto", "hello",
-                    socket=module_daemon.socket), place)
+                    socket=daemon.socket), place)
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
         f"[failed] 1 step, 0 tool calls: {server.openai_url}/chat/completions refused the API "
@@ -222,12 +221,12 @@ def test_bad_options_say_what_to_do(server, place):
 # ---------------------------------------------------------------- a person at a terminal
 
 
-def test_ask_mode_yes_no_always(server, place, module_daemon):
+def test_ask_mode_yes_no_always(server, place, daemon):
     server.push(*(openai_stream(calls=[Call("run_terminal", {"command": f"echo {word}"})])
                   for word in ("one", "two", "three", "four")),
                 openai_stream(text="All asked."))
     child = spawn(argv(server, place, "--mode", "ask", "echo four words",
-                       socket=module_daemon.socket), place)
+                       socket=daemon.socket), place)
     child.expect_exact("● run_terminal: echo one")
     child.expect_exact("Run it? [y]es / [n]o (or n, and why) / [a]lways for run_terminal: ")
     child.sendline("maybe")
@@ -254,13 +253,13 @@ def test_ask_mode_yes_no_always(server, place, module_daemon):
     assert results[2:] == ["three\n[exit code 0]", "four\n[exit code 0]"]
 
 
-def test_a_spinner_counts_the_time_while_a_tool_runs(server, place, module_daemon):
+def test_a_spinner_counts_the_time_while_a_tool_runs(server, place, daemon):
     go = os.path.join(place.workspace, "go")
     server.push(openai_stream(calls=[Call("run_terminal", {
         "command": "until [ -e go ]; do sleep 0.05; done; echo went"})]),
         openai_stream(text="ok"))
     child = spawn(argv(server, place, "--mode", "auto", "wait for go",
-                       socket=module_daemon.socket), place)
+                       socket=daemon.socket), place)
     child.expect_exact("● run_terminal: until [ -e go ]")
     child.expect(r"[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] run_terminal \d+\.\ds")
     child.expect(r"run_terminal [1-9]\d*\.\ds")  # it counts on, past the first second
@@ -273,13 +272,13 @@ def test_a_spinner_counts_the_time_while_a_tool_runs(server, place, module_daemo
     assert child.exitstatus == 0
 
 
-def test_a_running_commands_output_shows_as_it_comes(server, place, module_daemon):
+def test_a_running_commands_output_shows_as_it_comes(server, place, daemon):
     go = os.path.join(place.workspace, "go")
     server.push(openai_stream(calls=[Call("run_terminal", {
         "command": "printf 'live %s\\n' out; until [ -e go ]; do sleep 0.05; done; echo went"})]),
         openai_stream(text="ok"))
     child = spawn(argv(server, place, "--mode", "auto", "wait for go",
-                       socket=module_daemon.socket), place)
+                       socket=daemon.socket), place)
     child.expect_exact("● run_terminal: printf")
     # The command waits for the file: its first line can only be here as it runs.
     child.expect_exact("live out")
@@ -308,10 +307,10 @@ def test_ctrl_c_mid_tool_interrupts_and_leaves_no_process(server, place):
     assert len(server.requests) == 1  # nothing was asked after the cancel
 
 
-def test_one_turn_per_line_ctrl_c_cancels_then_exits(server, place, module_daemon):
+def test_one_turn_per_line_ctrl_c_cancels_then_exits(server, place, daemon):
     server.push(openai_stream(text="Hi there."),
                 openai_stream(calls=[Call("run_terminal", {"command": "sleep 4444"})]))
-    child = spawn(argv(server, place, "--mode", "auto", socket=module_daemon.socket), place)
+    child = spawn(argv(server, place, "--mode", "auto", socket=daemon.socket), place)
     child.expect_exact("one prompt per line, Ctrl-D ends")
     child.expect_exact("> ")
     child.sendline("hello")
@@ -320,31 +319,31 @@ def test_one_turn_per_line_ctrl_c_cancels_then_exits(server, place, module_daemo
     child.expect_exact("> ")
     child.sendline("now wait")
     child.expect_exact("● run_terminal: sleep 4444")
-    wait_for(lambda: module_daemon.running("sleep 4444"))
+    wait_for(lambda: daemon.running("sleep 4444"))
     child.sendintr()
     child.expect_exact("[interrupted] 1 step, 1 tool call: cancelled")
-    assert wait_gone(module_daemon.running("sleep 4444"), timeout=30) == []
+    assert wait_gone(daemon.running("sleep 4444"), timeout=30) == []
     child.expect_exact("> ")
     child.sendintr()  # at the prompt: exits
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 130
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
     second = server.requests[1].body["messages"]
     assert [m["content"] for m in second if m["role"] in ("user", "assistant")][-3:] == \
         ["hello", "Hi there.", "now wait"]
 
 
-def test_prompts_from_a_pipe_until_its_end_and_continue(server, place, module_daemon):
+def test_prompts_from_a_pipe_until_its_end_and_continue(server, place, daemon):
     server.push(openai_stream(text="Noted: 7."), openai_stream(text="Still 7."),
                 openai_stream(text="It was 7."))
-    done = run(argv(server, place, "--mode", "auto", socket=module_daemon.socket), place,
+    done = run(argv(server, place, "--mode", "auto", socket=daemon.socket), place,
                stdin="remember 7\n\nanything else?\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "Noted: 7.\nStill 7.\n"
     assert done.stderr.count("[completed] 1 step, 0 tool calls") == 2
     again = run(argv(server, place, "--continue", "--mode", "auto", "what number?",
-                     socket=module_daemon.socket), place)
+                     socket=daemon.socket), place)
     assert again.returncode == 0, again.stderr
     said = [m["content"] for m in server.requests[2].body["messages"]
             if m["role"] in ("user", "assistant")]
@@ -372,11 +371,11 @@ def test_a_killed_agent_leaves_no_sandbox(server, place):
     assert wait_gone(tree, timeout=60) == [], "a killed agent left its daemon or sandbox"
 
 
-def test_ask_mode_with_nobody_to_answer_declines(server, place, module_daemon):
+def test_ask_mode_with_nobody_to_answer_declines(server, place, daemon):
     server.push(openai_stream(calls=[Call("run_terminal", {"command": "touch asked"})]),
                 openai_stream(text="Declined, so I stop."))
     done = run(argv(server, place, "--mode", "ask", "make a file",
-                    socket=module_daemon.socket), place, stdin="")
+                    socket=daemon.socket), place, stdin="")
     assert done.returncode == 0, done.stderr
     assert "(end of input: declined)" in done.stderr
     assert tool_message(server.requests[1])["content"].startswith(
@@ -384,24 +383,24 @@ def test_ask_mode_with_nobody_to_answer_declines(server, place, module_daemon):
     assert not os.path.exists(os.path.join(place.workspace, "asked"))
 
 
-def test_escape_sequences_never_reach_the_terminal(server, place, module_daemon):
+def test_escape_sequences_never_reach_the_terminal(server, place, daemon):
     """A model's text and a command's output are shown with their control characters
     replaced: they cannot clear the screen, retitle it or write the clipboard (OSC 52)."""
     server.push(openai_stream(text="Hi\x1b]52;c;cHduZWQ=\x07 there\x1b[2J.",
                               calls=[Call("run_terminal",
                                           {"command": "printf '\\033]0;owned\\007out\\n'"})]),
                 openai_stream(text="ok"))
-    done = run(argv(server, place, "--mode", "auto", "go", socket=module_daemon.socket), place)
+    done = run(argv(server, place, "--mode", "auto", "go", socket=daemon.socket), place)
     assert done.returncode == 0, done.stderr
     assert "\x1b" not in done.stdout + done.stderr and "\x07" not in done.stdout + done.stderr
     assert done.stdout.startswith("Hi?]52;c;cHduZWQ=? there?[2J.")
     assert "  ⎿ ?]0;owned?out  [exit code 0]" in done.stderr.splitlines()
 
 
-def test_a_servers_error_is_shown_without_its_escape_sequences(server, place, module_daemon):
+def test_a_servers_error_is_shown_without_its_escape_sequences(server, place, daemon):
     """The reason a turn failed quotes the server: it is shown as text, not acted on."""
     server.push(JSONReply(400, {"error": {"message": "bad\x1b]52;c;cHduZWQ=\x07 \x1b[2Jmodel"}}))
-    done = run(argv(server, place, "--mode", "auto", "go", socket=module_daemon.socket), place)
+    done = run(argv(server, place, "--mode", "auto", "go", socket=daemon.socket), place)
     assert done.returncode == 1
     assert "\x1b" not in done.stderr and "\x07" not in done.stderr
     assert done.stderr.splitlines()[-1].endswith(
@@ -409,10 +408,10 @@ def test_a_servers_error_is_shown_without_its_escape_sequences(server, place, mo
 
 
 def test_ctrl_c_at_a_question_cancels_the_turn_and_loses_no_line(server, place,
-                                                                  module_daemon):
+                                                                  daemon):
     server.push(openai_stream(calls=[Call("run_terminal", {"command": "touch never"})]),
                 openai_stream(text="Second turn."))
-    child = spawn(argv(server, place, "--mode", "ask", socket=module_daemon.socket), place)
+    child = spawn(argv(server, place, "--mode", "ask", socket=daemon.socket), place)
     child.expect_exact("> ")
     child.sendline("make a file")
     child.expect_exact("Run it?")

@@ -7,6 +7,8 @@ import os
 
 from PIL import Image
 
+import pytest
+
 from agent.compaction import COMPACT_SYSTEM
 from agent.context import CONTEXT_CHARS, METADATA_CHARS, README_CHARS, assemble_context
 from agent.history import (
@@ -25,7 +27,7 @@ import agentkit
 from conftest import needs_bwrap
 
 
-module_daemon = agentkit.module_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 kit = agentkit.kit
 
 

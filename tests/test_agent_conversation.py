@@ -19,10 +19,9 @@ import agentkit
 from conftest import needs_bwrap, wait_for
 from toolsd.client import ToolsdError
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
-module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 

@@ -13,9 +13,8 @@ from agentkit import Place
 from conftest import needs_bwrap, wait_gone
 from model_server import ModelServer, openai_stream
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
@@ -48,11 +47,11 @@ def test_continue_with_no_conversation_says_so(server, place):
                              f"agent` there to start one.\n")
 
 
-def test_list_shows_the_conversations_and_resume_takes_one(server, place, module_daemon):
+def test_list_shows_the_conversations_and_resume_takes_one(server, place, daemon):
     server.push(openai_stream(text="Noted: red."), openai_stream(text="Noted: blue."),
                 openai_stream(text="Also: green."), openai_stream(text="It was red."))
     for prompt in ("remember red\n", "remember blue\nand green\n"):
-        done = agent(place, server=server, socket=module_daemon.socket, stdin=prompt)
+        done = agent(place, server=server, socket=daemon.socket, stdin=prompt)
         assert done.returncode == 0, done.stderr
     listed = agent(place, "--list")  # no model, no daemon needed
     assert listed.returncode == 0, listed.stderr
@@ -65,11 +64,11 @@ def test_list_shows_the_conversations_and_resume_takes_one(server, place, module
     old = first.split()[0]
 
     done = agent(place, "--resume", old, "what colour?", server=server,
-                 socket=module_daemon.socket)
+                 socket=daemon.socket)
     assert done.returncode == 0, done.stderr
     assert said(server.requests[-1])[-3:] == ["remember red", "Noted: red.", "what colour?"]
     assert "'what colour?'" in agent(place, "--list").stdout.splitlines()[1]
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
 def test_resume_of_an_unknown_id_says_what_to_do(server, place):

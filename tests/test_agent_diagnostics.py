@@ -24,7 +24,7 @@ from agent.settings import Settings
 from agent.toolbox import Toolbox
 from conftest import needs_bwrap
 
-module_daemon = agentkit.module_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 kit = agentkit.kit
 
 FAKE = os.path.join(os.path.dirname(__file__), "fake_lsp_server.py")

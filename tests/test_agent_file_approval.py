@@ -7,21 +7,21 @@ from __future__ import annotations
 import os
 
 import pexpect
+import pytest
 
 import agentkit
 from conftest import needs_bwrap
 from model_server import Call, openai_stream
 from test_agent_cli import argv, server, spawn, tool_message  # noqa: F401 (a fixture)
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 RED, GREEN = "\x1b[31m", "\x1b[32m"
 
 
-def test_the_diff_is_shown_colored_and_yes_applies_it(server, place, module_daemon):
+def test_the_diff_is_shown_colored_and_yes_applies_it(server, place, daemon):
     path = os.path.join(place.workspace, "app.py")
     with open(path, "w") as f:
         f.write("x = 1\ny = 2\n")
@@ -29,7 +29,7 @@ def test_the_diff_is_shown_colored_and_yes_applies_it(server, place, module_daem
                                                         "new": "y = 20"})]),
                 openai_stream(text="Edited."))
     child = spawn(argv(server, place, "--mode", "ask", "change y",
-                       socket=module_daemon.socket), place)
+                       socket=daemon.socket), place)
     child.expect_exact("● edit_file: app.py")
     child.expect_exact(f"{RED}-y = 2")
     child.expect_exact(f"{GREEN}+y = 20")
@@ -46,11 +46,11 @@ def test_the_diff_is_shown_colored_and_yes_applies_it(server, place, module_daem
     assert tool_message(server.requests[1])["content"] == "edited app.py: 1 replacement."
 
 
-def test_ctrl_c_at_the_diff_cancels_and_writes_nothing(server, place, module_daemon):
+def test_ctrl_c_at_the_diff_cancels_and_writes_nothing(server, place, daemon):
     server.push(openai_stream(calls=[Call("write_file", {"path": "new/notes.md",
                                                          "content": "hello\n"})]),
                 openai_stream(text="Second turn."))
-    child = spawn(argv(server, place, "--mode", "ask", socket=module_daemon.socket), place)
+    child = spawn(argv(server, place, "--mode", "ask", socket=daemon.socket), place)
     child.expect_exact("> ")
     child.sendline("write notes")
     child.expect_exact(f"{GREEN}+hello")

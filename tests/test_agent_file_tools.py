@@ -7,12 +7,14 @@ from __future__ import annotations
 import hashlib
 import os
 
+import pytest
+
 from agent.history import ToolResult
 from agent.models.scripted import call, reply
 import agentkit
 from conftest import needs_bwrap
 
-module_daemon = agentkit.module_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 kit = agentkit.kit
 
 

@@ -13,7 +13,7 @@ import agentkit
 from conftest import needs_bwrap
 
 
-module_daemon = agentkit.module_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 kit = agentkit.kit
 
 

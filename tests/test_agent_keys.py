@@ -17,9 +17,8 @@ from agentkit import Place
 from conftest import RunningDaemon, needs_bwrap, short_tempdir, wait_gone
 from model_server import Call, ModelServer, openai_stream
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
@@ -50,11 +49,11 @@ def tool_results(request) -> list[str]:
 
 
 def test_ctrl_d_at_a_question_declines_and_the_agent_waits_for_the_next_prompt(
-        server, place, module_daemon):
+        server, place, daemon):
     server.push(openai_stream(calls=[Call("run_terminal", {"command": "touch asked"})]),
                 openai_stream(text="Not done, then."),
                 openai_stream(text="Still here."))
-    child = spawn(server, place, module_daemon.socket)
+    child = spawn(server, place, daemon.socket)
     child.expect_exact("> ")
     child.sendline("make a file")
     child.expect_exact("Run it?")
@@ -71,13 +70,13 @@ def test_ctrl_d_at_a_question_declines_and_the_agent_waits_for_the_next_prompt(
     assert not os.path.exists(os.path.join(place.workspace, "asked"))
     assert tool_results(server.requests[1])[-1].startswith("Error: The user declined this call.")
     assert users(server.requests[2])[-1] == "are you there?"
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
 def test_ctrl_c_at_the_prompt_clears_the_line_and_on_an_empty_line_exits(
-        server, place, module_daemon):
+        server, place, daemon):
     server.push(openai_stream(text="Got it."))
-    child = spawn(server, place, module_daemon.socket)
+    child = spawn(server, place, daemon.socket)
     child.expect_exact("> ")
     child.send("half a thought")
     child.expect_exact("half a thought")  # echoed: the line is being typed
@@ -92,13 +91,13 @@ def test_ctrl_c_at_the_prompt_clears_the_line_and_on_an_empty_line_exits(
     assert ended(child) == 130
     [request] = server.requests
     assert users(request)[-1] == "the real prompt"  # nothing of the cleared line
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
-def test_a_declined_call_tells_the_model_why(server, place, module_daemon):
+def test_a_declined_call_tells_the_model_why(server, place, daemon):
     server.push(openai_stream(calls=[Call("run_terminal", {"command": "pip install x"})]),
                 openai_stream(text="I will use uv."))
-    child = spawn(server, place, module_daemon.socket)
+    child = spawn(server, place, daemon.socket)
     child.expect_exact("> ")
     child.sendline("install x")
     child.expect_exact("Run it?")
@@ -110,7 +109,7 @@ def test_a_declined_call_tells_the_model_why(server, place, module_daemon):
     assert ended(child) == 0
     assert tool_results(server.requests[1])[-1] == \
         "Error: The user declined this call, saying: use uv instead"
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])

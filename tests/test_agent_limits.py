@@ -17,7 +17,7 @@ from conftest import needs_bwrap, wait_gone
 from model_server import JSONReply, openai_stream
 from test_agent_cli import argv, run, spawn
 
-module_daemon = agentkit.module_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 place = agentkit.place
 
 
@@ -74,9 +74,9 @@ async def test_an_endpoint_that_says_nothing_or_is_down_leaves_the_catalog_or_fa
 
 @needs_bwrap
 def test_the_status_line_and_each_request_say_where_the_budget_came_from(server, place,
-                                                                         module_daemon):
+                                                                         daemon):
     server.push(openai_stream(text="Hi."))
-    child = spawn(argv(server, place, "--mode", "auto", socket=module_daemon.socket), place)
+    child = spawn(argv(server, place, "--mode", "auto", socket=daemon.socket), place)
     child.expect_exact("context 32k (fallback: unknown model); one prompt per line")
     child.sendline("hello")
     child.expect_exact("[completed] 1 step")
@@ -85,16 +85,16 @@ def test_the_status_line_and_each_request_say_where_the_budget_came_from(server,
     child.wait()
     server.gets["/props"] = JSONReply(200, {"default_generation_settings": {"n_ctx": 8192}})
     server.push(openai_stream(text="Hi."))
-    child = spawn(argv(server, place, "--mode", "auto", socket=module_daemon.socket), place)
+    child = spawn(argv(server, place, "--mode", "auto", socket=daemon.socket), place)
     child.expect_exact("context 8k (endpoint: /props n_ctx); one prompt per line")
     child.sendeof()
     child.wait()
     server.push(openai_stream(text="Hi."))
     done = run(argv(server, place, "--mode", "auto", "--json", "--context-tokens", "5000",
-                    "go", socket=module_daemon.socket), place)
+                    "go", socket=daemon.socket), place)
     assert done.returncode == 0, done.stderr
     request = [e for e in map(json.loads, done.stdout.splitlines())
                if e["type"] == "request"][0]
     assert (request["budget"], request["budget_source"], request["budget_detail"]) == \
         (5000, "configured", "--context-tokens")
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []

@@ -24,7 +24,7 @@ from conftest import needs_bwrap, wait_gone
 from model_server import Call, ModelServer, openai_stream
 from test_agent_cli import argv, run
 
-module_daemon = agentkit.module_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 kit = agentkit.kit
 place = agentkit.place
 
@@ -254,13 +254,13 @@ async def test_a_server_that_cannot_start_is_reported_and_the_others_work(kit, f
 
 
 @needs_bwrap
-def test_mcp_option_end_to_end(place, module_daemon, files):
+def test_mcp_option_end_to_end(place, daemon, files):
     with ModelServer() as server:
         server.push(openai_stream(calls=[Call("tool_search", {"activate": [CONVERT]})]),
                     openai_stream(text="Ready."))
         done = run(argv(server, place, "--mode", "auto", "--mcp",
                         f"tools={sys.executable} {SERVER}", "go",
-                        socket=module_daemon.socket), place)
+                        socket=daemon.socket), place)
         assert done.returncode == 0, done.stderr
         first, second = (r.body["tools"] for r in server.requests)
         assert [t["function"]["name"] for t in first][-1] == "tool_search"
@@ -274,7 +274,7 @@ def test_mcp_option_end_to_end(place, module_daemon, files):
     place.env["XDG_CONFIG_HOME"] = os.path.join(place.root, "config")
     with ModelServer() as server:
         server.push(openai_stream(text="Ready."))
-        done = run(argv(server, place, "--mode", "auto", "go", socket=module_daemon.socket),
+        done = run(argv(server, place, "--mode", "auto", "go", socket=daemon.socket),
                    place)
         assert done.returncode == 0, done.stderr
         assert [t["function"]["name"] for t in server.requests[0].body["tools"]][-1] == \

@@ -21,9 +21,8 @@ from conftest import needs_bwrap, wait_for, wait_gone
 from model_server import Call, ModelServer, openai_stream
 from test_agent_cli import argv, run, spawn
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
@@ -71,12 +70,12 @@ def kill_mid_turn(server, place) -> None:
     assert [e["type"] for e in events_of(place)][-1] == "tool_call"  # no outcome: it died
 
 
-def test_a_killed_agents_turn_is_interrupted_at_the_next_start(server, place, module_daemon):
+def test_a_killed_agents_turn_is_interrupted_at_the_next_start(server, place, daemon):
     kill_mid_turn(server, place)
 
     server.push(openai_stream(text="Going on."))
     again = run(argv(server, place, "--continue", "--mode", "auto", "and now?",
-                     socket=module_daemon.socket), place)
+                     socket=daemon.socket), place)
     assert again.returncode == 0, again.stderr
     assert again.stderr.splitlines()[0] == (
         "toolsd agent: turn 1 was interrupted: the agent process ended while it was in "
@@ -93,13 +92,13 @@ def test_a_killed_agents_turn_is_interrupted_at_the_next_start(server, place, mo
     assert result["tool_call_id"] == call["id"]
     assert result["content"] == \
         "Error: [no result: the agent stopped before this call's result]"
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
 def test_a_prompt_waits_for_an_endpoint_that_is_down_and_is_sent_when_it_is_back(
-        place, module_daemon):
+        place, daemon):
     port = free_port()
-    child = spawn(at_port(port, place, socket=module_daemon.socket), place)
+    child = spawn(at_port(port, place, socket=daemon.socket), place)
     child.expect_exact("one prompt per line")
     child.sendline("are you there?")
     child.expect_exact("toolsd agent: queued: the model endpoint does not answer "
@@ -118,12 +117,12 @@ def test_a_prompt_waits_for_an_endpoint_that_is_down_and_is_sent_when_it_is_back
     assert child.exitstatus == 0
     assert said(back.requests[0]) == ["are you there?"]
     assert said(back.requests[1]) == ["are you there?", "and this too"]
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
-def test_a_queued_prompt_can_be_dropped_or_kept_for_continue(place, module_daemon):
+def test_a_queued_prompt_can_be_dropped_or_kept_for_continue(place, daemon):
     port = free_port()
-    child = spawn(at_port(port, place, socket=module_daemon.socket), place)
+    child = spawn(at_port(port, place, socket=daemon.socket), place)
     child.expect_exact("one prompt per line")
     child.sendline("never mind this")
     child.expect_exact("toolsd agent: queued:")
@@ -138,13 +137,13 @@ def test_a_queued_prompt_can_be_dropped_or_kept_for_continue(place, module_daemo
     child.close()
     with ModelServer(port) as back:
         back.push(openai_stream(text="Kept and answered."))
-        done = run(at_port(port, place, "--continue", socket=module_daemon.socket), place,
+        done = run(at_port(port, place, "--continue", socket=daemon.socket), place,
                    stdin="")
         assert done.returncode == 0, done.stderr
         assert "1 prompt queued while the endpoint did not answer" in done.stderr
         assert done.stdout == "Kept and answered.\n"
     assert [said(r) for r in back.requests] == [["keep this one"]]
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
 def test_what_a_run_says_of_what_it_finds(tmp_path):
@@ -168,13 +167,13 @@ def test_what_a_run_says_of_what_it_finds(tmp_path):
     assert (tmp_path / "queued.json.damaged").read_text() == "[not json"
 
 
-def test_a_fresh_start_marks_and_says_what_a_killed_run_left(server, place, module_daemon):
+def test_a_fresh_start_marks_and_says_what_a_killed_run_left(server, place, daemon):
     kill_mid_turn(server, place)
     [killed] = os.listdir(glob.glob(os.path.join(place.env["XDG_STATE_HOME"], "toolsd",
                                                  "agent", "*"))[0])
     server.push(openai_stream(text="New."))
     fresh = run(argv(server, place, "--mode", "auto", "something else",
-                     socket=module_daemon.socket), place)
+                     socket=daemon.socket), place)
     assert fresh.returncode == 0, fresh.stderr
     assert fresh.stderr.splitlines()[0] == (
         f"toolsd agent: the last run's turn 1 (conversation {killed}) was interrupted: the "
@@ -185,14 +184,14 @@ def test_a_fresh_start_marks_and_says_what_a_killed_run_left(server, place, modu
         last = [json.loads(line) for line in f if line.strip()][-1]
     assert (last["type"], last["outcome"]) == ("outcome", "interrupted")
     assert said(server.requests[1]) == ["something else"]  # a new conversation
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
-def test_a_turn_waits_for_an_endpoint_that_went_away_between_steps(place, module_daemon):
+def test_a_turn_waits_for_an_endpoint_that_went_away_between_steps(place, daemon):
     port = free_port()
     fifo = os.path.join(place.workspace, "go.fifo")
     os.mkfifo(fifo)
-    child = spawn(at_port(port, place, socket=module_daemon.socket), place)
+    child = spawn(at_port(port, place, socket=daemon.socket), place)
     child.expect_exact("one prompt per line")
     with ModelServer(port) as first:
         first.push(openai_stream(calls=[Call("run_terminal", {"command": "head -n1 go.fifo"})]))
@@ -214,4 +213,4 @@ def test_a_turn_waits_for_an_endpoint_that_went_away_between_steps(place, module
     assert child.exitstatus == 0
     tool = [m for m in back.requests[0].body["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tool] == ["went\n[exit code 0]"]
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []

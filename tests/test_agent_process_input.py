@@ -3,6 +3,8 @@ real daemon; the output it reads is plain text (no `\\r\\n`, no escape codes).""
 
 from __future__ import annotations
 
+import pytest
+
 import agentkit
 from agent.history import ToolResult
 from agent.models.scripted import call, reply
@@ -10,7 +12,7 @@ from agent.results import process_text
 from agent.turn import AgentConfig
 from conftest import needs_bwrap, wait_gone
 
-module_daemon = agentkit.module_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 kit = agentkit.kit
 
 ASKS = ("import sys; name = input('name? '); "

@@ -19,10 +19,9 @@ from agent.providers import (
 from agent.turn import AgentConfig
 from conftest import needs_bwrap
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
-module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 

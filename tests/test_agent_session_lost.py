@@ -18,9 +18,8 @@ from agent.models.scripted import call, reply
 from agentkit import kill_sandbox
 from conftest import RunningDaemon, needs_bwrap, short_tempdir, wait_for
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 

@@ -8,15 +8,15 @@ import json
 import os
 
 import pexpect
+import pytest
 
 import agentkit
 from conftest import needs_bwrap
 from model_server import Call, openai_stream
 from test_agent_cli import argv, server, spawn  # noqa: F401 (a fixture)
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 WAIT_FOR_GO = "while [ ! -e go ]; do sleep 0.05; done; echo went"
@@ -26,10 +26,10 @@ def said(request) -> str:
     return json.dumps(request.body["messages"])
 
 
-def test_a_line_typed_mid_turn_reaches_the_next_request(server, place, module_daemon):
+def test_a_line_typed_mid_turn_reaches_the_next_request(server, place, daemon):
     server.push(openai_stream(calls=[Call("run_terminal", {"command": WAIT_FOR_GO})]),
                 openai_stream(text="Port 9000 it is."))
-    child = spawn(argv(server, place, "--mode", "auto", socket=module_daemon.socket), place)
+    child = spawn(argv(server, place, "--mode", "auto", socket=daemon.socket), place)
     child.expect_exact("> ")
     child.sendline("start the server")
     child.expect_exact("● run_terminal")
@@ -52,10 +52,10 @@ def test_a_line_typed_mid_turn_reaches_the_next_request(server, place, module_da
     assert [e["text"] for e in events if e["type"] == "steer"] == ["use port 9000"]
 
 
-def test_ctrl_c_after_a_steering_line_keeps_it(server, place, module_daemon):
+def test_ctrl_c_after_a_steering_line_keeps_it(server, place, daemon):
     server.push(openai_stream(calls=[Call("run_terminal", {"command": WAIT_FOR_GO})]),
                 openai_stream(text="Seen."))
-    child = spawn(argv(server, place, "--mode", "auto", socket=module_daemon.socket), place)
+    child = spawn(argv(server, place, "--mode", "auto", socket=daemon.socket), place)
     child.expect_exact("> ")
     child.sendline("start the server")
     child.expect_exact("● run_terminal")

@@ -7,6 +7,7 @@ import json
 import os
 import random
 
+import pytest
 import trio
 
 from agent.results import RESULT_CHARS
@@ -18,10 +19,9 @@ import agentkit
 from agentkit import texts
 from conftest import needs_bwrap, wait_gone
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
-module_daemon = agentkit.module_daemon
 kit = agentkit.kit
 
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 
 import pexpect
+import pytest
 
 from agent.models.scripted import call, reply
 from agent.undo import slash
@@ -18,7 +19,7 @@ from conftest import needs_bwrap
 from model_server import Call, openai_stream
 from test_agent_cli import argv, server, spawn  # noqa: F401 (a fixture)
 
-module_daemon = agentkit.module_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 kit = agentkit.kit
 place = agentkit.place
 
@@ -86,13 +87,13 @@ async def test_undo_restores_each_turn_exactly_and_leaves_git_alone(kit):
 
 
 @needs_bwrap
-def test_undo_and_diff_at_the_prompt(server, place, module_daemon):
+def test_undo_and_diff_at_the_prompt(server, place, daemon):
     with open(os.path.join(place.workspace, "keep.txt"), "w") as f:
         f.write("kept\n")
     server.push(openai_stream(calls=[Call("write_file", {"path": "made.txt",
                                                          "content": "new\n"})]),
                 openai_stream(text="Made it."))
-    child = spawn(argv(server, place, "--mode", "auto", socket=module_daemon.socket), place)
+    child = spawn(argv(server, place, "--mode", "auto", socket=daemon.socket), place)
     child.expect_exact("> ")
     child.sendline("make a file")
     child.expect_exact("[completed] 2 steps, 1 tool call")

@@ -15,9 +15,8 @@ from agentkit import Place
 from conftest import needs_bwrap, wait_gone
 from model_server import ModelServer, openai_endless, openai_stream
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
@@ -35,22 +34,22 @@ def agent(server: ModelServer, place: Place, socket: str, *args: str,
                           timeout=120)
 
 
-def test_a_reply_that_never_ends_is_cut_at_the_wall_time(server, place, module_daemon):
+def test_a_reply_that_never_ends_is_cut_at_the_wall_time(server, place, daemon):
     server.push(openai_endless("Thinking", "."))
-    done = agent(server, place, module_daemon.socket, "--wall-time", "2", "think")
+    done = agent(server, place, daemon.socket, "--wall-time", "2", "think")
     assert done.returncode == 3, done.stderr
     assert done.stdout.startswith("Thinking.")  # what streamed was shown
     assert done.stderr.splitlines()[-1] == (
         "[budget_exhausted] 1 step, 0 tool calls: the turn's wall-clock budget (2 s) was "
         "spent during request 1; the reply so far is kept")
     assert len(server.requests) == 1
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
 def test_the_cut_reply_is_kept_and_the_next_turn_goes_on_from_it(server, place,
-                                                                  module_daemon):
+                                                                  daemon):
     server.push(openai_endless("Half an answer", "."), openai_stream(text="Whole now."))
-    done = agent(server, place, module_daemon.socket, "--wall-time", "1.5", "--json",
+    done = agent(server, place, daemon.socket, "--wall-time", "1.5", "--json",
                  stdin="first\nsecond\n")
     assert done.returncode == 0, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
@@ -64,12 +63,12 @@ def test_the_cut_reply_is_kept_and_the_next_turn_goes_on_from_it(server, place,
     assert said[-2][0] == "assistant" and said[-2][1].startswith("Half an answer.")
     assert said[-2][1].endswith("[cut off: the turn's wall-clock budget was spent]")
     assert said[-1] == ("user", "second")
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
-def test_wall_time_must_be_a_positive_number(server, place, module_daemon):
+def test_wall_time_must_be_a_positive_number(server, place, daemon):
     for bad in ("0", "-3", "soon", "inf"):
-        done = agent(server, place, module_daemon.socket, "--wall-time", bad, "hi")
+        done = agent(server, place, daemon.socket, "--wall-time", bad, "hi")
         assert done.returncode == 2
         assert f"{bad!r} is not a number of seconds above 0" in done.stderr
     assert server.requests == []

@@ -8,9 +8,11 @@ import os
 
 import pytest
 
-from conftest import daemon_without_bash, module_daemon, needs_bwrap
+from conftest import daemon_without_bash, needs_bwrap
 from toolsd.client import ToolsdError
 from toolsd.sandbox.shell_argv import INLINE_MAX
+
+pytestmark = pytest.mark.daemon(shared=True)
 
 # Over the kernel's 128 KiB for one argument, and over INLINE_MAX.
 BIG = 140_000
@@ -30,11 +32,6 @@ echo before
 false
 echo not reached
 """
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from module_daemon()
 
 
 def padding(size: int) -> str:

@@ -8,16 +8,13 @@ import os
 import pytest
 import trio
 
-from conftest import module_daemon, wait_for
+from conftest import wait_for
 from toolsd.client import AsyncClient, ToolsdError
 from toolsd.sandbox.policy import ENV_MAX_BYTES
 
+pytestmark = pytest.mark.daemon(shared=True)
+
 MB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from module_daemon()
 
 
 def test_session_open_with_a_1_mb_env_value_is_bad_params_naming_size_and_limit(daemon,

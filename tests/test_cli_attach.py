@@ -9,18 +9,12 @@ import sys
 import pexpect
 import pytest
 
-from conftest import module_daemon, needs_bwrap
-from test_processes import session  # noqa: F401 (the fixture: one session per test)
+from conftest import needs_bwrap
 from toolsd.client import ToolsdError
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 PY = shlex.quote(sys.executable)
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from module_daemon()
 
 
 def attach(daemon, process_id: str, *extra: str) -> pexpect.spawn:

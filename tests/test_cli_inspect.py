@@ -8,7 +8,7 @@ import pytest
 from _cli import toolsd
 from conftest import needs_bwrap
 
-pytestmark = [needs_bwrap, pytest.mark.shared_daemon]
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
 def ended(client, process_id: str) -> dict:

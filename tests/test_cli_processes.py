@@ -13,26 +13,13 @@ import time
 import psutil
 import pytest
 
-from conftest import needs_bwrap, module_daemon as shared_daemon
+from conftest import needs_bwrap
 from toolsd.cli.logs import next_piece
 from toolsd.cli.ps import format_bytes, format_duration, format_table
 from toolsd.tools.output import render
 from toolsd.wire.protocol import MARKER
 
-pytestmark = needs_bwrap
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    """One daemon for the module (starting and stopping one costs more than a test here)."""
-    yield from shared_daemon()
-
-
-@pytest.fixture
-def session(daemon, client):
-    s = client.session_open(daemon.workspace)["session"]
-    yield s
-    client.session_close(s)
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
 def toolsd(daemon, *args: str, **kwargs) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ import pytest
 from conftest import needs_bwrap
 from toolsd.cli.repl import is_complete
 
-pytestmark = pytest.mark.shared_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 
 # Safety net against a hung prompt, not a timing assertion.
 STUCK_S = 30

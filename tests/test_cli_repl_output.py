@@ -14,7 +14,7 @@ import pytest
 from _cli import toolsd_at_terminal
 from conftest import needs_bwrap
 
-pytestmark = [needs_bwrap, pytest.mark.shared_daemon]
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 # A picture with no package at all: an object with _repr_png_ (IPython's protocol), its PNG
 # made by hand. One line, so that the prompt takes it as one input.
@@ -118,7 +118,7 @@ def test_a_long_output_is_kept_whole_in_a_file_and_its_path_printed(daemon, tmp_
     assert size == len(expected)
 
 
-@pytest.mark.fresh_daemon
+@pytest.mark.daemon(shared=False)  # it stops the daemon
 def test_after_the_daemon_is_gone_it_says_the_session_is_lost(daemon):
     child = toolsd_at_terminal(daemon, "repl")
     try:

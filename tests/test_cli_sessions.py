@@ -12,7 +12,7 @@ import pytest
 from _cli import toolsd, toolsd_at_terminal
 from conftest import needs_bwrap, wait_gone
 
-pytestmark = [needs_bwrap, pytest.mark.shared_daemon]
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
 def open_session(daemon, *args: str) -> str:

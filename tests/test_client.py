@@ -12,7 +12,7 @@ import trio
 from conftest import wait_gone
 from toolsd.client import AsyncClient, ToolsdError
 
-pytestmark = [pytest.mark.shared_daemon, pytest.mark.tls_daemon]
+pytestmark = pytest.mark.daemon(shared=True, tls=True)
 
 
 @pytest.fixture(params=["unix", "tls"])

@@ -14,7 +14,7 @@ import pytest
 
 from toolsd.client import ToolsdError
 
-pytestmark = pytest.mark.shared_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 
 MiB = 1 << 20
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import trio
 
-pytestmark = pytest.mark.shared_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 
 
 async def next_event(events, wait_s: float = 10.0):

@@ -19,7 +19,7 @@ import test_image_read
 from conftest import RunningDaemon, needs_bwrap
 from toolsd.client import ToolsdError
 
-pytestmark = pytest.mark.shared_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 
 MiB = 1 << 20
 
@@ -201,7 +201,6 @@ home_in_workspace = test_image_read.home_in_workspace
 
 
 @needs_bwrap
-@pytest.mark.fresh_daemon
 def test_hidden_paths_and_links_into_them_are_not_found(home_in_workspace):
     daemon, home = home_in_workspace
     secret = put(home, ".ssh/id_test", b"SECRET")
@@ -319,7 +318,6 @@ def test_helper_killed_from_inside_comes_back(daemon, client, session):
 
 
 
-@pytest.mark.fresh_daemon
 def test_unsandboxed_session_still_keeps_file_calls_out_of_the_daemons_folders(daemon_root):
     """Without bubblewrap nothing is mounted over the daemon's folders: the helper's own
     check is what keeps file calls out of them (the rest of the host is as visible as to the

@@ -14,12 +14,10 @@ import sys
 import pytest
 from PIL import Image
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir
+from conftest import RunningDaemon, needs_bwrap
 from toolsd.sandbox import home as home_module
 from toolsd.sandbox.overlay import why_no_overlay
 from toolsd.client import ToolsdError
-
-pytestmark = needs_bwrap
 
 # Entries of the list that hold a folder of files where tools make them; the rest are files.
 FOLDERS = {
@@ -73,14 +71,11 @@ def host_tree(home: str) -> dict[str, bytes | None]:
     return tree
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    """A daemon whose HOME holds a toolchain, a git config, ordinary files and every secret
-    of the list, all there before any session opens."""
-    root = short_tempdir()
-    d = RunningDaemon(root, env={"PATH": f"{os.path.join(root, 'home', '.local', 'bin')}:"
-                                         f"{os.environ['PATH']}"})
+def toolchain_and_secrets(d) -> None:
+    """The daemon's HOME holds a toolchain, a git config, ordinary files and every secret of
+    the list, all there before any session opens."""
     bin_dir = os.path.join(d.home, ".local", "bin")
+    d.env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
     os.makedirs(bin_dir)
     with open(os.path.join(bin_dir, "mytool"), "w") as f:
         f.write("#!/bin/sh\necho mytool ran from the home\n")
@@ -95,25 +90,9 @@ def daemon():
     with open(os.path.join(lib, "mod.py"), "w") as f:
         f.write("x = 1\n")
     d.planted = plant_secrets(d.home, "OPEN")
-    d.start()
-    try:
-        yield d
-        assert d.stop() == 0, d.read_log()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def client(daemon):
-    with daemon.client() as c:
-        yield c
-
-
-@pytest.fixture
-def session(daemon, client):
-    s = client.session_open(daemon.workspace)["session"]
-    yield s
-    client.session_close(s)
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True, prepare=toolchain_and_secrets)]
 
 
 def assert_nothing_read(client, session, home: str, planted: dict[str, str], tag: str) -> None:

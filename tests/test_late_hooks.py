@@ -12,14 +12,9 @@ import tempfile
 
 import pytest
 
-from conftest import module_daemon as shared_daemon, needs_bwrap
+from conftest import needs_bwrap
 
-pytestmark = needs_bwrap
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from shared_daemon()
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
 def git(*args: str) -> None:

@@ -12,7 +12,7 @@ from conftest import has_ended, needs_bwrap
 from toolsd.client import ToolsdError
 from toolsd.sandbox import cgroups
 
-pytestmark = pytest.mark.shared_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 
 
 PLACES, WHY_NOT = cgroups.find_places()

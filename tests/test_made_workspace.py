@@ -10,7 +10,7 @@ import pytest
 from conftest import RunningDaemon
 from toolsd.client import ToolsdError
 
-pytestmark = pytest.mark.shared_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 
 
 def test_a_session_without_a_workspace_gets_a_fresh_folder_removed_at_close(client, daemon):
@@ -53,7 +53,6 @@ def test_a_made_folder_is_removed_whatever_was_left_in_it(client):
     assert not os.path.exists(opened["workspace"])
 
 
-@pytest.mark.fresh_daemon
 def test_work_root_puts_them_elsewhere_and_hides_it(daemon_root):
     root = os.path.join(daemon_root, "work-root")
     d = RunningDaemon(daemon_root, extra_args=("--work-root", root)).start()
@@ -73,7 +72,6 @@ def test_work_root_puts_them_elsewhere_and_hides_it(daemon_root):
         assert d.stop() == 0, d.read_log()
 
 
-@pytest.mark.fresh_daemon
 def test_a_work_root_sessions_need_is_refused_at_start(daemon_root):
     d = RunningDaemon(daemon_root, extra_args=("--work-root", "/"))
     with pytest.raises(RuntimeError) as e:

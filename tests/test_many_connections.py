@@ -17,16 +17,13 @@ import msgspec
 import pytest
 import trio
 
-from conftest import module_daemon, short_tempdir
+from conftest import short_tempdir
 from toolsd.client import AsyncClient, Client, ConnectionLost
 from toolsd.wire.framing import FrameReader, encode_frame
 
+pytestmark = pytest.mark.daemon(shared=True)
+
 CONNECTIONS = 600
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from module_daemon()
 
 
 class RetryLog(logging.Handler):

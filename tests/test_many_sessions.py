@@ -10,7 +10,7 @@ import resource
 import pytest
 import trio
 
-from conftest import module_daemon, needs_bwrap
+from conftest import needs_bwrap
 from toolsd.client import AsyncClient
 
 SESSIONS = 200
@@ -24,21 +24,10 @@ SESSION_NOFILE = 1024  # sandbox.Limits.nofile
 _soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 pytestmark = [needs_bwrap, pytest.mark.skipif(
     _hard != resource.RLIM_INFINITY and _hard < 4 * START_SOFT_LIMIT,
-    reason=f"the hard open files limit ({_hard}) leaves no room for {SESSIONS} sessions")]
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    """A daemon started with a soft open files limit of 1024, as from a login shell."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (START_SOFT_LIMIT, hard))
-    try:
-        daemons = module_daemon()
-        d = next(daemons)
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    yield d
-    next(daemons, None)  # stops it and checks that nothing is left
+    reason=f"the hard open files limit ({_hard}) leaves no room for {SESSIONS} sessions"),
+    # Started with a soft open files limit of 1024, as from a login shell.
+    pytest.mark.daemon(shared=True, prefix=(
+        "sh", "-c", f'ulimit -S -n {START_SOFT_LIMIT} && exec "$@"', "-"))]
 
 
 def open_files_limit(pid: int) -> tuple[str, str]:

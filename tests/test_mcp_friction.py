@@ -5,38 +5,28 @@ unknown tool's error lists every tool; numbers sent as strings are read as numbe
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
 import agentkit
 from agent.tools import TOOLS
-from conftest import RunningDaemon, needs_bwrap, short_tempdir, wait_gone
+from conftest import needs_bwrap, wait_gone
 from test_mcp_server import connect, texts
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
-@pytest.fixture
-def own_daemon():
-    root = short_tempdir()
-    daemon = RunningDaemon(root).start()
-    yield daemon
-    daemon.stop()
-    shutil.rmtree(root, ignore_errors=True)
-
-
-async def test_the_first_call_after_a_daemon_restart_runs(place, own_daemon):
-    async with connect(place, socket=own_daemon.socket) as client:
+@pytest.mark.daemon(shared=False)  # it restarts the daemon
+async def test_the_first_call_after_a_daemon_restart_runs(place, daemon):
+    async with connect(place, socket=daemon.socket) as client:
         first = await client.call_tool("run_terminal", {"command": "echo one"})
-        assert own_daemon.stop() == 0, own_daemon.read_log()
-        own_daemon.start()
+        assert daemon.stop() == 0, daemon.read_log()
+        daemon.start()
         second = await client.call_tool("run_terminal", {"command": "echo two"})
         third = await client.call_tool("run_terminal", {"command": "echo three"})
-        with own_daemon.client() as c:
+        with daemon.client() as c:
             sessions = c.session_list()["sessions"]
     assert texts(first) == ["one\n[exit code 0]"]
     assert not second.is_error
@@ -49,8 +39,8 @@ async def test_the_first_call_after_a_daemon_restart_runs(place, own_daemon):
         assert "was lost (toolsd stopped answering" in f.read()
 
 
-async def test_the_repl_says_its_state_lasts_until_repl_reset(place, module_daemon):
-    async with connect(place, socket=module_daemon.socket) as client:
+async def test_the_repl_says_its_state_lasts_until_repl_reset(place, daemon):
+    async with connect(place, socket=daemon.socket) as client:
         listed = {t.name: t for t in (await client.list_tools()).tools}
     repl = listed["repl"].description
     assert "until repl_reset" in repl and "turn" not in repl and "user message" not in repl
@@ -58,8 +48,8 @@ async def test_the_repl_says_its_state_lasts_until_repl_reset(place, module_daem
     assert repl != agents and "this turn" in agents
 
 
-async def test_an_unknown_tool_lists_every_tool(place, module_daemon):
-    async with connect(place, socket=module_daemon.socket) as client:
+async def test_an_unknown_tool_lists_every_tool(place, daemon):
+    async with connect(place, socket=daemon.socket) as client:
         names = [t.name for t in (await client.list_tools()).tools]
         wrong = await client.call_tool("shell", {"command": "ls"})
     assert wrong.is_error
@@ -67,8 +57,8 @@ async def test_an_unknown_tool_lists_every_tool(place, module_daemon):
     assert "repl_reset" in names
 
 
-async def test_numbers_sent_as_strings_are_read_as_numbers(place, module_daemon):
-    async with connect(place, socket=module_daemon.socket) as client:
+async def test_numbers_sent_as_strings_are_read_as_numbers(place, daemon):
+    async with connect(place, socket=daemon.socket) as client:
         slow = await client.call_tool("run_terminal", {"command": "sleep 30",
                                                        "timeout_s": "1.5"})
         started = await client.call_tool("process_start", {"command": "echo up; exec sleep 99"})
@@ -81,7 +71,7 @@ async def test_numbers_sent_as_strings_are_read_as_numbers(place, module_daemon)
     assert texts(read)[0].startswith("up\n")
     assert bad.is_error and texts(bad) == [
         "run_terminal: Expected `float`, got `str` - at `timeout_s`"]
-    assert wait_gone(module_daemon.running("sleep"), timeout=30) == []
+    assert wait_gone(daemon.running("sleep"), timeout=30) == []
 
 
 def test_the_agent_reads_numbers_sent_as_strings_too():

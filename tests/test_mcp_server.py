@@ -26,9 +26,8 @@ from agent.tools import TOOLS
 from agentkit import descendants, kill_sandbox, running
 from conftest import has_ended, needs_bwrap, wait_for, wait_gone
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
-module_daemon = agentkit.module_daemon
 place = agentkit.place
 
 
@@ -59,8 +58,8 @@ def texts(result) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_the_six_tools_and_repl_reset_as_the_agent_has_them(place, module_daemon, mode):
-    async with connect(place, socket=module_daemon.socket, mode=mode) as client:
+async def test_the_six_tools_and_repl_reset_as_the_agent_has_them(place, daemon, mode):
+    async with connect(place, socket=daemon.socket, mode=mode) as client:
         listed = (await client.list_tools()).tools
     assert [t.name for t in listed] == [t.name for t in TOOLS] + ["repl_reset"]
     for tool, spec in zip(listed, TOOLS):
@@ -74,9 +73,9 @@ async def test_the_six_tools_and_repl_reset_as_the_agent_has_them(place, module_
     assert listed[-1].input_schema == {"type": "object", "properties": {}}
 
 
-async def test_run_terminal_gives_the_agents_results(place, module_daemon):
+async def test_run_terminal_gives_the_agents_results(place, daemon):
     os.makedirs(os.path.join(place.workspace, "sub"))
-    async with connect(place, socket=module_daemon.socket) as client:
+    async with connect(place, socket=daemon.socket) as client:
         long = await client.call_tool("run_terminal", {"command": "seq 1 5000"})
         failed = await client.call_tool("run_terminal", {"command": "echo oops; exit 3"})
         await client.call_tool("run_terminal", {"command": "cd sub"})
@@ -95,8 +94,8 @@ async def test_run_terminal_gives_the_agents_results(place, module_daemon):
         "There is no background process 'bg1' of yours. Processes you started: none."]
 
 
-async def test_repl_state_lasts_until_repl_reset(place, module_daemon):
-    async with connect(place, socket=module_daemon.socket) as client:
+async def test_repl_state_lasts_until_repl_reset(place, daemon):
+    async with connect(place, socket=daemon.socket) as client:
         await client.call_tool("repl", {"code": "x = 41"})
         kept = await client.call_tool("repl", {"code": "x + 1"})
         reset = await client.call_tool("repl_reset", {})
@@ -108,9 +107,9 @@ async def test_repl_state_lasts_until_repl_reset(place, module_daemon):
     assert "NameError: name 'x' is not defined" in text and text.endswith("[error]")
 
 
-async def test_read_image_gives_image_content(place, module_daemon):
+async def test_read_image_gives_image_content(place, daemon):
     Image.new("RGB", (64, 48), "blue").save(os.path.join(place.workspace, "shot.png"))
-    async with connect(place, socket=module_daemon.socket) as client:
+    async with connect(place, socket=daemon.socket) as client:
         seen = await client.call_tool("read_image", {"path": "shot.png"})
         missing = await client.call_tool("read_image", {"path": "nothing.png"})
     text, image = seen.content
@@ -122,11 +121,11 @@ async def test_read_image_gives_image_content(place, module_daemon):
     assert texts(missing)[0].startswith("read_image: ")
 
 
-async def test_repl_gives_its_figures_as_image_content(place, module_daemon):
+async def test_repl_gives_its_figures_as_image_content(place, daemon):
     Image.new("RGB", (64, 48), "green").save(os.path.join(place.workspace, "plot.png"))
     code = ("class Plot:\n    def _repr_png_(self):\n        return open('plot.png', 'rb').read()\n"
             "Plot()")
-    async with connect(place, socket=module_daemon.socket) as client:
+    async with connect(place, socket=daemon.socket) as client:
         made = await client.call_tool("repl", {"code": code})
     text, image = made.content
     assert text.type == "text"
@@ -137,9 +136,9 @@ async def test_repl_gives_its_figures_as_image_content(place, module_daemon):
         assert picture.size == (64, 48)
 
 
-async def test_what_the_hosts_git_would_run_is_told_and_logged(place, module_daemon):
+async def test_what_the_hosts_git_would_run_is_told_and_logged(place, daemon):
     hook = f"{os.path.realpath(place.workspace)}/app/.git/hooks/post-checkout"
-    async with connect(place, socket=module_daemon.socket) as client:
+    async with connect(place, socket=daemon.socket) as client:
         made = await client.call_tool("run_terminal", {
             "command": "git init -q app && echo evil > app/.git/hooks/post-checkout"})
         again = await client.call_tool("run_terminal", {"command": "echo again"})
@@ -152,21 +151,21 @@ async def test_what_the_hosts_git_would_run_is_told_and_logged(place, module_dae
         warnings[0]
 
 
-async def test_a_lost_session_is_replaced_and_the_model_told(place, module_daemon):
+async def test_a_lost_session_is_replaced_and_the_model_told(place, daemon):
     os.makedirs(os.path.join(place.workspace, "sub"))
-    async with connect(place, socket=module_daemon.socket) as client:
+    async with connect(place, socket=daemon.socket) as client:
         started = await client.call_tool("process_start", {"command": "exec sleep 6262"})
         bg = texts(started)[0].split()[1].rstrip(".")
         await client.call_tool("repl", {"code": "x = 1"})
         await client.call_tool("run_terminal", {"command": "cd sub"})
-        with module_daemon.client() as c:
+        with daemon.client() as c:
             [lost] = [s["session"] for s in c.session_list()["sessions"]]
-        kill_sandbox(module_daemon, lost)
+        kill_sandbox(daemon, lost)
         cut = await client.call_tool("run_terminal", {"command": "pwd"})
         where = await client.call_tool("run_terminal", {"command": "pwd"})
         stale = await client.call_tool("process_output", {"id": bg})
         gone = await client.call_tool("repl", {"code": "x"})
-        with module_daemon.client() as c:
+        with daemon.client() as c:
             now = [s["session"] for s in c.session_list()["sessions"]]
     # The first call after the loss runs, in the fresh session, and says what was lost.
     ws = os.path.realpath(place.workspace)
@@ -179,13 +178,13 @@ async def test_a_lost_session_is_replaced_and_the_model_told(place, module_daemo
         f"{bg} ended with an earlier toolsd session, which was lost.")
     assert "NameError: name 'x' is not defined" in texts(gone)[0]
     assert len(now) == 1 and now != [lost]
-    assert module_daemon.running("sleep 6262") == []
+    assert daemon.running("sleep 6262") == []
     with open(os.path.join(place.root, "mcp.log")) as f:
         assert f"session {lost} was lost (" in f.read()
 
 
-async def test_plan_mode_is_read_only(place, module_daemon):
-    async with connect(place, "--mode", "plan", socket=module_daemon.socket) as client:
+async def test_plan_mode_is_read_only(place, daemon):
+    async with connect(place, "--mode", "plan", socket=daemon.socket) as client:
         early = await client.call_tool("run_terminal", {"command": "touch made"})
         # No classifier sees this write (awk's own redirection): the OS refuses it.
         late = await client.call_tool("run_terminal",
@@ -195,17 +194,17 @@ async def test_plan_mode_is_read_only(place, module_daemon):
     assert not os.path.exists(os.path.join(place.workspace, "made"))
 
 
-async def test_closing_the_client_ends_the_session_and_the_server(place, module_daemon):
-    async with connect(place, socket=module_daemon.socket) as client:
+async def test_closing_the_client_ends_the_session_and_the_server(place, daemon):
+    async with connect(place, socket=daemon.socket) as client:
         await client.call_tool("process_start", {"command": "exec sleep 4545"})
         await client.call_tool("repl", {"code": "x = 1"})
         [server] = servers()
         # Started: its shim may not have exec'ed the command yet.
-        wait_for(lambda: module_daemon.running("sleep 4545"))
-        assert module_daemon.running("driver/python")
+        wait_for(lambda: daemon.running("sleep 4545"))
+        assert daemon.running("driver/python")
     assert wait_gone([server], timeout=30) == []
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
-    assert module_daemon.running("sleep 4545") == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
+    assert daemon.running("sleep 4545") == []
     with open(os.path.join(place.root, "mcp.log")) as f:
         assert "closed: 1 process(es) and 1 REPL(s) ended" in f.read()
 
@@ -344,13 +343,13 @@ class Wire:
 
 
 @pytest.fixture
-def wire(place, module_daemon):
-    w = Wire(place, socket=module_daemon.socket)
+def wire(place, daemon):
+    w = Wire(place, socket=daemon.socket)
     yield w
     w.close()
 
 
-def test_bad_lines_are_answered_and_the_server_goes_on(wire, module_daemon):
+def test_bad_lines_are_answered_and_the_server_goes_on(wire, daemon):
     wire.send(b"this is not json")  # the SDK answers nothing to a line it cannot parse
     wire.send(b'{"jsonrpc": "2.0", "id": 7, "method": "no/such/method"}')
     error = wire.receive()
@@ -360,33 +359,33 @@ def test_bad_lines_are_answered_and_the_server_goes_on(wire, module_daemon):
     assert result["content"] == [{"type": "text", "text": "still here\n[exit code 0]"}]
     wire.proc.stdin.close()  # the end of input: the server closes its session and exits
     assert wire.proc.wait(timeout=60) == 0
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
-def test_sigterm_while_stdin_is_open_closes_the_session(wire, module_daemon):
+def test_sigterm_while_stdin_is_open_closes_the_session(wire, daemon):
     wire.start()
     wire.call(2, "process_start", {"command": "exec sleep 5050"})
-    wait_for(lambda: module_daemon.running("sleep 5050"))
+    wait_for(lambda: daemon.running("sleep 5050"))
     wire.proc.send_signal(signal.SIGTERM)
     assert wire.proc.wait(timeout=60) == 0
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
-    assert module_daemon.running("sleep 5050") == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
+    assert daemon.running("sleep 5050") == []
 
 
-def test_a_client_gone_mid_call_ends_the_call_and_the_session(wire, module_daemon):
+def test_a_client_gone_mid_call_ends_the_call_and_the_session(wire, daemon):
     """stdin closes while a command runs (the client exited without waiting for the reply):
     the command is ended with the session, and the server exits."""
     wire.start()
     wire.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                "params": {"name": "run_terminal", "arguments": {"command": "sleep 5454"}}})
-    wait_for(lambda: module_daemon.running("sleep 5454"))
+    wait_for(lambda: daemon.running("sleep 5454"))
     wire.proc.stdin.close()
     assert wire.proc.wait(timeout=60) == 0
-    assert wait_gone(module_daemon.running("sleep 5454"), timeout=30) == []
-    assert wait_gone(module_daemon.running("bwrap"), timeout=30) == []
+    assert wait_gone(daemon.running("sleep 5454"), timeout=30) == []
+    assert wait_gone(daemon.running("bwrap"), timeout=30) == []
 
 
-async def test_two_calls_at_once_run_at_once(place, module_daemon):
+async def test_two_calls_at_once_run_at_once(place, daemon):
     """A client may send calls without waiting for the last reply: the first here waits for
     what the second does, so it only returns if they run side by side."""
     waiter = "until [ -e /tmp/go ]; do sleep 0.05; done; echo waited"
@@ -396,25 +395,25 @@ async def test_two_calls_at_once_run_at_once(place, module_daemon):
         got[key] = await client.call_tool("run_terminal", {"command": command,
                                                            "timeout_s": 120})
 
-    async with connect(place, socket=module_daemon.socket) as client:
+    async with connect(place, socket=daemon.socket) as client:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run, "waiter", waiter)
-            while not module_daemon.running("until [ -e /tmp/go ]"):
+            while not daemon.running("until [ -e /tmp/go ]"):
                 await trio.sleep(0.05)
             nursery.start_soon(run, "maker", "touch /tmp/go; echo made")
     assert texts(got["maker"]) == ["made\n[exit code 0]"]
     assert texts(got["waiter"]) == ["waited\n[exit code 0]"]
 
 
-async def test_a_cancelled_call_ends_its_command(place, module_daemon):
-    async with connect(place, socket=module_daemon.socket) as client:
+async def test_a_cancelled_call_ends_its_command(place, daemon):
+    async with connect(place, socket=daemon.socket) as client:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client.call_tool, "run_terminal", {"command": "sleep 5151"})
-            while not module_daemon.running("sleep 5151"):
+            while not daemon.running("sleep 5151"):
                 await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
         with trio.fail_after(60):
-            while module_daemon.running("sleep 5151"):
+            while daemon.running("sleep 5151"):
                 await trio.sleep(0.05)
         after = await client.call_tool("run_terminal", {"command": "echo next"})
     assert texts(after) == ["next\n[exit code 0]"]
@@ -429,10 +428,10 @@ async def test_a_workspace_that_is_not_there(place):
     assert f"--workspace {place.workspace}/nope: no such folder".encode() in done.stderr
 
 
-async def test_the_file_tools_through_the_sdk_client(place, module_daemon):
+async def test_the_file_tools_through_the_sdk_client(place, daemon):
     with open(os.path.join(place.workspace, "app.py"), "w") as f:
         f.write("x = 1\n")
-    async with connect(place, socket=module_daemon.socket) as client:
+    async with connect(place, socket=daemon.socket) as client:
         names = {t.name for t in (await client.list_tools()).tools}
         read = await client.call_tool("read_file", {"path": "app.py"})
         wrote = await client.call_tool("write_file", {"path": "sub/b.py", "content": "y = 2\n"})
@@ -449,8 +448,8 @@ async def test_the_file_tools_through_the_sdk_client(place, module_daemon):
         assert f.read() == "x = 5\n"
 
 
-async def test_a_file_write_to_a_read_only_session_fails_clearly(place, module_daemon):
-    async with connect(place, "--mode", "plan", socket=module_daemon.socket) as client:
+async def test_a_file_write_to_a_read_only_session_fails_clearly(place, daemon):
+    async with connect(place, "--mode", "plan", socket=daemon.socket) as client:
         wrote = await client.call_tool("write_file", {"path": "made", "content": "x"})
         read = await client.call_tool("find", {"glob": "*"})
     assert wrote.is_error and texts(wrote)[0].startswith(

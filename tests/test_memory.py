@@ -10,10 +10,9 @@ import shutil
 import pytest
 
 from conftest import RunningDaemon, needs_bwrap, wait_for
-from conftest import module_daemon as shared_daemon
 from toolsd.sandbox import cgroups
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 PLACES, WHY_NOT = cgroups.find_places()
 needs_memory_cgroup = pytest.mark.skipif(
@@ -22,11 +21,6 @@ needs_memory_cgroup = pytest.mark.skipif(
 # Allocates and touches MB megabytes, then says so.
 ALLOCATE = "python3 -c 'x = bytearray({mb} * 1024 * 1024); print(\"allocated\", flush=True)'"
 LIMIT_NOTE = "the session's memory limit ({mb} MB) was reached"
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from shared_daemon()
 
 
 @pytest.fixture

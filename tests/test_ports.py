@@ -18,7 +18,7 @@ import pytest
 from conftest import RunningDaemon, has_ended, needs_bwrap, wait_gone
 from toolsd.client import ToolsdError
 
-pytestmark = [needs_bwrap, pytest.mark.shared_daemon]
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 # http.server with a listen queue that takes a burst of connections (its own is 5, which
 # makes 100 connections at once wait for SYN retransmits, forwarded or not).
@@ -237,7 +237,6 @@ def test_a_taken_host_port_or_a_second_place_for_one_port_is_refused(daemon, cli
     assert e.value.code == "not_found"
 
 
-@pytest.mark.fresh_daemon
 def test_forward_bind_lets_a_forward_listen_beyond_loopback(daemon_root):
     d = RunningDaemon(daemon_root, extra_args=("--forward-bind", "0.0.0.0")).start()
     try:
@@ -257,7 +256,6 @@ def test_forward_bind_lets_a_forward_listen_beyond_loopback(daemon_root):
         assert d.stop() == 0, d.read_log()
 
 
-@pytest.mark.fresh_daemon
 def test_a_forward_bind_that_is_no_address_stops_the_daemon_at_start(daemon_root):
     run = subprocess.run([sys.executable, "-m", "toolsd", "serve", "--socket",
                           os.path.join(daemon_root, "s.sock"), "--forward-bind", "everywhere"],

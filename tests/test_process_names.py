@@ -13,7 +13,7 @@ from conftest import needs_bwrap
 from test_processes import assert_all_gone, command_tree
 from toolsd.client import ToolsdError
 
-pytestmark = [needs_bwrap, pytest.mark.shared_daemon]
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 
 def test_a_name_reads_writes_and_stops_its_process(client, session):

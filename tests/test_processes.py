@@ -14,11 +14,11 @@ import psutil
 import pytest
 import trio
 
-from conftest import RunningDaemon, needs_bwrap, wait_gone, module_daemon as shared_daemon
+from conftest import RunningDaemon, needs_bwrap, wait_gone
 from toolsd.client import ToolsdError
 from toolsd.tools.processes import LOG_CAP_BYTES, MAX_LIVE_PER_SESSION
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 PY = shlex.quote(sys.executable)  # the sandbox sees the host's root read-only
 
@@ -47,28 +47,6 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print("ready", flush=True)
 time.sleep(1000)
 """
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    """One daemon for the tests that do not restart or kill it (a daemon start and stop cost
-    more than most tests here); each test gets its own session, closed after it."""
-    yield from shared_daemon()
-
-
-@pytest.fixture
-def session(daemon, client):
-    s = client.session_open(daemon.workspace)["session"]
-    yield s
-    if any(x["session"] == s for x in client.session_list()["sessions"]):
-        client.session_close(s)
-
-
-@pytest.fixture
-def own_daemon(daemon_root):
-    d = RunningDaemon(daemon_root).start()
-    yield d
-    assert d.stop() == 0, d.read_log()
 
 
 def write_script(daemon, name: str, text: str) -> str:
@@ -292,20 +270,21 @@ def test_a_stale_stop_never_reaches_a_process_that_reuses_the_shim(client, sessi
         client.process_stop(proc["id"])
 
 
-def test_daemon_sigterm_ends_everything_and_numbering_continues_after(own_daemon):
-    with own_daemon.client() as c:
-        s = c.session_open(own_daemon.workspace)["session"]
+@pytest.mark.daemon(shared=False)  # it stops the daemon
+def test_daemon_sigterm_ends_everything_and_numbering_continues_after(daemon):
+    with daemon.client() as c:
+        s = c.session_open(daemon.workspace)["session"]
         first = c.process_start(s, "sleep 1000")
         assert first["id"] == "bg1"
         c.process_stop(first["id"])
         assert c.process_start(s, "sleep 1000")["id"] == "bg2"
-        start_hard_cases(own_daemon, c, c.session_open(own_daemon.workspace)["session"])
-    everything = own_daemon.tree()
+        start_hard_cases(daemon, c, c.session_open(daemon.workspace)["session"])
+    everything = daemon.tree()
     assert len(everything) >= 12  # two sandboxes: bwrap x2, launcher, shims, commands
-    assert own_daemon.stop(signal.SIGTERM) == 0
+    assert daemon.stop(signal.SIGTERM) == 0
     assert_all_gone(everything)
 
-    again = RunningDaemon(own_daemon.root).start()  # same state folder
+    again = RunningDaemon(daemon.root).start()  # same state folder
     try:
         with again.client() as c:
             s = c.session_open(again.workspace)["session"]

@@ -15,7 +15,7 @@ from toolsd.client import Client, ToolsdError
 
 import pytest
 
-pytestmark = pytest.mark.shared_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 
 
 def raw_connect(daemon) -> socket.socket:

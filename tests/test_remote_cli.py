@@ -20,7 +20,7 @@ from model_server import Call, ModelServer, openai_stream
 
 place = agentkit.place
 
-pytestmark = [pytest.mark.shared_daemon, pytest.mark.tls_daemon]
+pytestmark = pytest.mark.daemon(shared=True, tls=True)
 
 
 def toolsd(daemon, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

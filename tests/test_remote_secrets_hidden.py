@@ -14,23 +14,18 @@ from test_tenants import ALICE, BOB, TWO, connect, write_tokens
 from test_tls import make_ca_and_server
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    root = short_tempdir()
-    keys = os.path.join(root, "keys")  # beside the state folder, not in it
+def tokens_and_certificate(d) -> None:
+    """Tenants and a TLS certificate of the daemon's own, in a folder beside its state."""
+    keys = os.path.join(d.root, "keys")  # beside the state folder, not in it
     os.makedirs(keys)
     tokens = os.path.join(keys, "tokens")
     write_tokens(tokens, TWO)
     _ca, cert, key = make_ca_and_server(keys)
-    d = RunningDaemon(root, extra_args=("--tokens", tokens, "--tls-cert", cert,
-                                        "--tls-key", key), tls=True)
+    d.extra_args += ("--tokens", tokens, "--tls-cert", cert, "--tls-key", key)
     d.fingerprint_files = (tokens, key)
-    try:
-        d.start()
-        yield d
-        assert d.stop() == 0, d.read_log()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+
+
+pytestmark = pytest.mark.daemon(shared=True, tls=True, prepare=tokens_and_certificate)
 
 
 def _client(d, token):

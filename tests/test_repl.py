@@ -9,7 +9,6 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 import uuid
 
@@ -18,12 +17,12 @@ import psutil
 import pytest
 import trio
 
-from conftest import DaemonView, alive, needs_bwrap, module_daemon as shared_daemon, wait_gone
+from conftest import alive, needs_bwrap, wait_gone
 from toolsd.client import Client, ToolsdError
 from toolsd.wire.framing import FrameReader, encode_frame
 from toolsd.daemon.connection import MAX_IN_FLIGHT
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 HAVE_NODE = shutil.which("node") is not None
 needs_node = pytest.mark.skipif(not HAVE_NODE, reason="node is not installed")
@@ -31,28 +30,14 @@ needs_node = pytest.mark.skipif(not HAVE_NODE, reason="node is not installed")
 STUCK_S = 30
 
 
-@pytest.fixture(scope="module")
-def module_daemon():
-    # One daemon for the module: starting and stopping one per test would cost most of the
-    # file's time. Each test gets its own workspace and session, closed at its end.
-    yield from shared_daemon()
-
-
-@pytest.fixture
-def daemon(module_daemon):
-    workspace = tempfile.mkdtemp(prefix="ws-", dir=module_daemon.root)
-    yield DaemonView(module_daemon, workspace)
-    assert repl_pids(module_daemon) == [], "a test left an interpreter running"
-    shutil.rmtree(workspace, ignore_errors=True)
-
-
-@pytest.fixture
-def session(daemon, client):
-    session = client.session_open(daemon.workspace)["session"]
-    yield session
+@pytest.fixture(autouse=True)
+def no_interpreter_left(daemon):
+    """Once the test's sessions are closed, none of their interpreters may be left."""
+    yield
     with daemon.client() as c:
-        if any(s["session"] == session for s in c.session_list()["sessions"]):
-            c.session_close(session)
+        for s in c.session_list()["sessions"]:
+            c.session_close(s["session"])
+    assert repl_pids(daemon) == [], "a test left an interpreter running"
 
 
 @pytest.fixture

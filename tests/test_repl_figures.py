@@ -18,7 +18,7 @@ from conftest import needs_bwrap
 from toolsd.tools.repl_run import _images
 from toolsd.tools.sentinel import Sentinel
 
-pytestmark = [needs_bwrap, pytest.mark.shared_daemon]
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 HAVE_MATPLOTLIB = subprocess.run([sys.executable, "-c", "import matplotlib"],
                                  capture_output=True).returncode == 0

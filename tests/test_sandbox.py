@@ -16,7 +16,7 @@ from toolsd.client import Client, ToolsdError
 from toolsd.sandbox.jobs import SPAWN_TIMEOUT_S
 
 pytestmark = [pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed"),
-              pytest.mark.shared_daemon]
+              pytest.mark.daemon(shared=True)]
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_git_config_rewritten_on_the_host_ends_the_session(daemon, client):
         assert f.read() == "[user]\n\tname = host\n"
 
 
-@pytest.mark.fresh_daemon  # it changes the daemon's HOME
+@pytest.mark.daemon(shared=False)  # it changes the daemon's HOME
 def test_a_credential_folder_replaced_on_the_host_stays_hidden(daemon, client, session):
     # The session's home shows what the host's had at open, less the secrets: nothing of
     # ~/.ssh is mounted, so a new one made on the host has nothing to uncover either.
@@ -154,7 +154,7 @@ def test_a_credential_folder_replaced_on_the_host_stays_hidden(daemon, client, s
     assert "rc=1" in r["output"] and r["output"].endswith("PUBLIC-NOTE\n")
 
 
-@pytest.mark.fresh_daemon  # it changes the daemon's HOME
+@pytest.mark.daemon(shared=False)  # it changes the daemon's HOME
 def test_the_home_folder_replaced_on_the_host_ends_the_session(daemon, client, session):
     # The session's home is a mount on the host's home folder: moved away on the host, the
     # path would show the host's new folder as it is.

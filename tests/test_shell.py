@@ -17,7 +17,7 @@ from conftest import has_ended, needs_bwrap, wait_for, wait_gone
 from toolsd.client import ToolsdError
 from toolsd.wire.framing import FrameReader
 
-pytestmark = pytest.mark.shared_daemon
+pytestmark = pytest.mark.daemon(shared=True)
 
 
 def test_output_and_exit_code(client, session):
@@ -234,7 +234,7 @@ def test_closed_session_refuses_and_leaves_nothing(daemon, client, session):
     assert [p for p in daemon.tree() if not has_ended(p)] == []
 
 
-@pytest.mark.fresh_daemon  # it stops the daemon
+@pytest.mark.daemon(shared=False)  # it stops the daemon
 def test_daemon_stop_leaves_no_process(daemon, client, session):
     client.process_start(session, "sleep 1000")
     tree = daemon.tree()

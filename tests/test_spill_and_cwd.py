@@ -5,46 +5,24 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 
 import pytest
 
-from conftest import RunningDaemon, module_daemon as shared_daemon, needs_bwrap
+from conftest import RunningDaemon, needs_bwrap
 from test_no_sandbox import path_without_bwrap
 from toolsd.client import ToolsdError
 from toolsd.tools.spill import MAX_FILES
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 # Output that no small budget holds, with bytes that are not UTF-8 in it.
 BINARY = "import sys; sys.stdout.buffer.write(bytes(range(256)) * 4000)"
 BINARY_BYTES = bytes(range(256)) * 4000
 
 
-@pytest.fixture(scope="module")
-def module_daemon():
-    yield from shared_daemon()
-
-
 @pytest.fixture
-def workspace(module_daemon):
-    path = tempfile.mkdtemp(prefix="ws-", dir=module_daemon.root)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def client(module_daemon):
-    with module_daemon.client() as c:
-        yield c
-
-
-@pytest.fixture
-def session(client, workspace):
-    s = client.session_open(workspace)["session"]
-    yield s
-    client.session_close(s)
+def workspace(daemon):
+    return daemon.workspace
 
 
 def sha256_in_session(client, session, path: str) -> str:

@@ -15,26 +15,16 @@ import psutil
 import pytest
 import trio
 
-from conftest import module_daemon, wait_for, wait_gone
+from conftest import wait_for, wait_gone
 from test_protocol_bad_input import frame, raw_connect, read_frame
 from toolsd.client import AsyncClient, ToolsdError
 from toolsd.tools.live import RELEASED_BYTES, Flow, LiveOutput, sending
 from toolsd.tools.output import render
 from toolsd.wire.events import EVENT_MAX_BYTES
 
+pytestmark = pytest.mark.daemon(shared=True)
+
 FLOOD_MB = 64
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from module_daemon()
-
-
-@pytest.fixture
-def session(daemon, client):
-    s = client.session_open(daemon.workspace)["session"]
-    yield s
-    client.session_close(s)
 
 
 def go_file(daemon) -> tuple[str, str]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 
 import msgspec
 import pytest
 
-from conftest import RunningDaemon, short_tempdir, wait_for, wait_gone
+from conftest import RunningDaemon, wait_for, wait_gone
 from toolsd.client import Client, ToolsdError
 from toolsd.daemon import dispatch
 from toolsd.daemon.tenants import Scope
@@ -36,21 +35,20 @@ TWO = (f"# two tenants\nalice {ALICE}\n"
        f"bob sha256:{hashlib.sha256(BOB.encode()).hexdigest()}\n")
 
 
-def tokens_daemon(root: str, *extra: str) -> RunningDaemon:
-    tokens = os.path.join(root, "tokens")
+def two_tenants(d: RunningDaemon) -> None:
+    """Alice and Bob, in a tokens file in the daemon's folder."""
+    tokens = os.path.join(d.root, "tokens")
     write_tokens(tokens, TWO)
-    return RunningDaemon(root, extra_args=("--tokens", tokens, *extra), tls=True).start()
+    d.extra_args += ("--tokens", tokens)
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    root = short_tempdir()
-    d = tokens_daemon(root)
-    try:
-        yield d
-        assert d.stop() == 0, d.read_log()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def tokens_daemon(root: str, *extra: str) -> RunningDaemon:
+    d = RunningDaemon(root, extra_args=extra, tls=True)
+    two_tenants(d)
+    return d.start()
+
+
+pytestmark = pytest.mark.daemon(shared=True, tls=True, prepare=two_tenants)
 
 
 def connect(daemon, token) -> Client:

@@ -11,25 +11,19 @@ import sys
 import psutil
 import pytest
 
-from conftest import RunningDaemon, module_daemon, needs_bwrap, wait_for
-from test_processes import (  # noqa: F401 (session: the fixture, one session per test)
+from conftest import RunningDaemon, needs_bwrap, wait_for
+from test_processes import (
     assert_all_gone,
     command_tree,
-    session,
     sleeps,
     wait_exit,
     wait_for_tree,
 )
 from toolsd.client import ToolsdError
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 PY = shlex.quote(sys.executable)
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    yield from module_daemon()
 
 
 def read_until(client, process_id: str, pattern: str, **options) -> dict:

@@ -18,7 +18,7 @@ from conftest import RunningDaemon, wait_for
 from toolsd.client import Client, ToolsdError
 from toolsd.client.remote import CertificateMismatch
 
-pytestmark = [pytest.mark.shared_daemon, pytest.mark.tls_daemon]
+pytestmark = pytest.mark.daemon(shared=True, tls=True)
 
 WRONG = "a-wrong-token-of-enough-length"
 
@@ -159,7 +159,6 @@ def test_a_connection_that_sends_no_whole_first_frame_is_closed(daemon):
     assert closed(sock)  # after the daemon's 10 s; the socket's timeout is 30 s
 
 
-@pytest.mark.fresh_daemon
 def test_failed_tokens_are_rate_limited_per_address(daemon_root):
     d = RunningDaemon(daemon_root, tls=True).start()
     try:
@@ -214,7 +213,6 @@ def test_a_thousand_unauthenticated_connections_cost_little_and_block_no_one(dae
     assert daemon.proc.poll() is None
 
 
-@pytest.mark.fresh_daemon
 def test_the_certificate_and_token_survive_a_restart(daemon_root):
     first = RunningDaemon(daemon_root, tls=True).start()
     assert first.stop() == 0
@@ -265,7 +263,6 @@ def make_ca_and_server(folder: str) -> tuple[str, str, str]:
     return paths[0], paths[1], paths[2]
 
 
-@pytest.mark.fresh_daemon
 def test_a_given_certificate_trusted_through_a_ca_file(daemon_root):
     ca, cert, key = make_ca_and_server(daemon_root)
     d = RunningDaemon(daemon_root, extra_args=("--tls-cert", cert, "--tls-key", key),

@@ -11,9 +11,7 @@ import sys
 
 import pytest
 
-from conftest import RunningDaemon, needs_bwrap, short_tempdir
-
-pytestmark = needs_bwrap
+from conftest import needs_bwrap
 
 REAL_PYENV = os.path.join(os.path.expanduser("~"), ".pyenv")
 
@@ -37,10 +35,8 @@ def host_state(folder: str) -> dict[str, tuple[int, int]]:
                      e.stat(follow_symlinks=False).st_mtime_ns) for e in os.scandir(folder)}
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    root = short_tempdir()
-    d = RunningDaemon(root)
+def pyenv_in_home(d) -> None:
+    """The daemon's PATH finds the copy of the host's pyenv in its HOME (if the host has one)."""
     path = [p for p in os.environ["PATH"].split(":") if not p.startswith(REAL_PYENV)]
     if os.path.isdir(REAL_PYENV):
         d.pyenv = pyenv_copy(d.home)
@@ -50,12 +46,9 @@ def daemon():
     d.env["PATH"] = ":".join(path)
     d.env.pop("PYENV_ROOT", None)
     d.env.pop("PYENV_VERSION", None)
-    d.start()
-    try:
-        yield d
-        assert d.stop() == 0, d.read_log()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+
+
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True, prepare=pyenv_in_home)]
 
 
 @pytest.fixture

@@ -15,14 +15,7 @@ import pytest
 
 from conftest import RunningDaemon, needs_bwrap, wait_for, wait_gone
 
-pytestmark = needs_bwrap
-
-
-@pytest.fixture
-def daemon(daemon_root):
-    d = RunningDaemon(daemon_root, warm_spare=True).start()
-    yield d
-    assert d.stop() == 0, d.read_log()
+pytestmark = [needs_bwrap, pytest.mark.daemon(warm_spare=True)]  # each test its own daemon
 
 
 def sandboxes(daemon) -> list[psutil.Process]:

@@ -17,8 +17,6 @@ from toolsd.client import ToolsdError
 from toolsd.sandbox import home as home_module
 from toolsd.sandbox import workspace_rules
 
-pytestmark = needs_bwrap
-
 ENTRIES = (*home_module.SECRETS, *home_module.OWN)
 
 
@@ -28,31 +26,20 @@ def write(path: str, text: str) -> None:
         f.write(text)
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    """A daemon whose (fake) HOME holds every hidden entry as a folder with a token in it,
-    except ~/.kube, a symlink to dotfiles/kube; and a --hide folder."""
-    root = short_tempdir()
-    d = RunningDaemon(root, extra_args=("--hide", os.path.join(root, "vault")))
+def hidden_entries(d) -> None:
+    """The daemon's (fake) HOME holds every hidden entry as a folder with a token in it,
+    except ~/.kube, a symlink to dotfiles/kube; and it is given a --hide folder."""
+    d.extra_args += ("--hide", os.path.join(d.root, "vault"))
     for i, entry in enumerate(ENTRIES):
         if entry != ".kube":
             write(os.path.join(d.home, entry, "token"), f"HIDDEN-TOKEN-{i}\n")
     write(os.path.join(d.home, "dotfiles", "kube", "config"), "HIDDEN-TOKEN-KUBE\n")
     os.symlink("dotfiles/kube", os.path.join(d.home, ".kube"))
     os.makedirs(os.path.join(d.home, "proj"))
-    write(os.path.join(root, "vault", "key"), "HIDDEN-TOKEN-VAULT\n")
-    d.start()
-    try:
-        yield d
-        assert d.stop() == 0, d.read_log()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    write(os.path.join(d.root, "vault", "key"), "HIDDEN-TOKEN-VAULT\n")
 
 
-@pytest.fixture(scope="module")
-def client(daemon):
-    with daemon.client() as c:
-        yield c
+pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True, prepare=hidden_entries)]
 
 
 def refusal(client, workspace: str) -> str:
