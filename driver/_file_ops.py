@@ -9,7 +9,7 @@ import itertools
 import os
 import stat
 
-from _file_view import FileError, View, fail  # noqa: F401 (the helper's names for them)
+from _file_view import FileError, FileView, fail  # noqa: F401 (the helper's names for them)
 
 # The most one read returns (the contract's 8 MiB per file.read).
 MAX_READ = 8 << 20

@@ -17,7 +17,7 @@ def _inside(path, folder):
     return path == folder or folder == "/" or path.startswith(folder + "/")
 
 
-class View:
+class FileView:
     """The session's view: its workspace and what is hidden in it (from the daemon's plan of
     the sandbox's mounts), its file size limit and umask."""
 

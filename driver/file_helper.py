@@ -39,7 +39,7 @@ NAME = b"toolsd-files"
 MOVE_PAIR_MS = 20
 
 
-class Channel:
+class HelperChannel:
     def __init__(self, sock):
         self.sock = sock
         self.buf = bytearray()
@@ -184,11 +184,11 @@ def main():
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except OSError:
         pass
-    channel = Channel(sock)
+    channel = HelperChannel(sock)
     first = channel.frame()
     if first is None:
         return 0
-    view = ops.View(first[0])
+    view = ops.FileView(first[0])
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     limit = view.file_limit if hard == resource.RLIM_INFINITY else min(hard, view.file_limit)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
@@ -206,7 +206,7 @@ def main():
         if not channel.buf:
             ready = dict(poller.poll(0))
             if not ready:
-                view.forget()  # a burst is over: see View._real_dirs
+                view.forget()  # a burst is over: see FileView._real_dirs
                 ready = dict(poller.poll(MOVE_PAIR_MS if watcher.pending else None))
             if watcher.fd is not None and watcher.fd in ready:
                 watcher.read()

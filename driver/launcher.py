@@ -6,7 +6,7 @@
 #   framing: to_json, send, pack_fds, fds_of, refuse_truncated, recv_into, recv
 #   process helpers: which, child_map, descendants, reap_nohang, children_left, signal_pid,
 #     kill_everything
-#   limits: StartError, read_self, own_state, state_items, REFERENCE, Tampered, Limits
+#   limits: StartError, read_self, own_state, state_items, REFERENCE, Tampered, ProcessLimits
 #   the shim's job: start_command, WARMUP_REQUEST, warm_up, claim, take_job, exit_message,
 #     exit_message_of_status, tell, run_job, wait_release, set_policy
 #   run_shim: a shim's body, job after job
@@ -470,7 +470,7 @@ class Tampered(Exception):
     change to the session's commands."""
 
 
-class Limits:
+class ProcessLimits:
     """The resource limits this shim has set on itself for its commands (posix_spawn cannot
     set them on the child). None: the ones it inherited, which fit any request."""
 
@@ -822,7 +822,7 @@ def run_shim(host, spawn, private, lost, slot, standby):
         # The launcher's batch policy was right for forking us; from here on we are on the
         # critical path of a spawn, and the command inherits our policy: the session's own.
         set_policy(*REFERENCE["policy"])
-        limits = Limits()
+        limits = ProcessLimits()
         for jobs in range(1, MAX_JOBS_PER_SHIM + 1):
             hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
             if standby:

@@ -62,7 +62,7 @@ class _Error(msgspec.Struct):
     message: str
 
 
-class _Reply(msgspec.Struct):
+class _HelperReply(msgspec.Struct):
     id: int
     ok: dict | None = None
     error: _Error | None = None
@@ -71,7 +71,7 @@ class _Reply(msgspec.Struct):
     started: bool = False
 
 
-_decode_reply = msgspec.json.Decoder(_Reply).decode
+_decode_reply = msgspec.json.Decoder(_HelperReply).decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -80,7 +80,7 @@ class _Waiter:
 
     def __init__(self, on_events: Callable[[list, int, bool], None] | None = None):
         self.done = trio.Event()
-        self.reply: _Reply | None = None
+        self.reply: _HelperReply | None = None
         self.data = b""
         self.on_events = on_events  # a watch's: called with each batch; never awaits
         self.fd: int | None = None  # a file the helper opened for us to read (see _read_fd)
@@ -291,7 +291,7 @@ class FileHelper:
         buf += data
         return bool(data)
 
-    def _deliver(self, reply: _Reply, data: bytes) -> None:
+    def _deliver(self, reply: _HelperReply, data: bytes) -> None:
         fd = None
         if reply.ok is not None and (reply.ok.get("fd") is True or reply.id == 0):
             fd = self._fds.popleft() if self._fds else None
