@@ -21,7 +21,7 @@ ALLOWED = {
     "wire": {"wire"},
     "runtime": {"runtime"},
     "client": {"wire", "client"},
-    "sandbox": {"wire", "runtime", "sandbox", "driver"},
+    "sandbox": {"runtime", "sandbox", "driver"},
     "tools": {"wire", "runtime", "sandbox", "tools", "driver"},
     "daemon": {"wire", "runtime", "sandbox", "tools", "daemon", "driver"},
     # The cluster starts daemons as processes (`toolsd serve`) and talks to them as a client.

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from conftest import needs_bwrap, short_tempdir, wait_for
-from toolsd.client import ToolsdError
+from toolsd.sandbox.errors import SandboxError
 from toolsd.sandbox.guards import MountGuard
 from toolsd.sandbox.policy import Policy, bwrap_argv
 
@@ -61,7 +61,7 @@ def test_a_workspace_swapped_for_a_symlink_before_the_mount_is_caught(place):
         proc.kill()
         proc.wait()
     # Asked again now, opening refuses at once: the path no longer leads where it did.
-    with pytest.raises(ToolsdError, match="changed while the session opened"):
+    with pytest.raises(SandboxError, match="changed while the session opened"):
         MountGuard(policy)
 
 

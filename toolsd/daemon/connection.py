@@ -22,6 +22,8 @@ from toolsd.daemon import dispatch
 from toolsd.daemon.requests import Entry, RequestTable, State
 from toolsd.daemon.tenants import LOCAL
 from toolsd.runtime.fdio import READ_SIZE, FdReader, write_all
+from toolsd.sandbox.errors import SandboxError
+from toolsd.tools.wire_errors import as_wire
 from toolsd.wire.events import encode_event
 from toolsd.wire.framing import FrameReader, FrameTooLarge, encode_frame
 from toolsd.wire.protocol import (
@@ -215,7 +217,7 @@ class Connection:
             entry.params = method.admit(self.supervisor, request, self.tenant)
             if method.detached(self.supervisor, entry.params, entry):
                 return True
-        except ToolsdError:
+        except (ToolsdError, SandboxError):
             pass  # said again, and answered, the usual way
         except Exception:
             log.exception("could not start %s without a task", request.method)
@@ -239,8 +241,8 @@ class Connection:
                 params = method.admit(self.supervisor, request, self.tenant)
                 reply = Reply(id=request.id,
                               result=method.call_now(self.supervisor, params, self.tenant))
-            except ToolsdError as e:
-                reply = _error(request.id, e.code, e.message)
+            except (ToolsdError, SandboxError) as e:
+                reply = _refused(request.id, e)
             except Exception:
                 log.exception("internal error in %s", request.method)
                 reply = _error(request.id, INTERNAL, f"{request.method} failed inside toolsd; "
@@ -334,8 +336,8 @@ class Connection:
             with entry.scope:
                 call = entry.rest() if entry.rest is not None else self._dispatch(entry)
                 return Reply(id=request.id, result=await call)
-        except ToolsdError as e:
-            return _error(request.id, e.code, e.message)
+        except (ToolsdError, SandboxError) as e:
+            return _refused(request.id, e)
         except Exception:
             log.exception("internal error in %s", request.method)
             return _error(request.id, INTERNAL,
@@ -372,3 +374,9 @@ class Connection:
 
 def _error(id: int, code: str, message: str) -> Reply:
     return Reply(id=id, error=ErrorBody(code, message))
+
+
+def _refused(id: int, error: ToolsdError | SandboxError) -> Reply:
+    """The error reply for what a handler raised: a sandbox's errors by their fault."""
+    error = as_wire(error)
+    return _error(id, error.code, error.message)

@@ -18,6 +18,7 @@ import trio
 
 from toolsd.daemon.session import Session
 from toolsd.sandbox import home_folders
+from toolsd.sandbox.errors import SandboxError
 from toolsd.sandbox.guards import identities
 from toolsd.wire.protocol import ToolsdError
 
@@ -92,7 +93,7 @@ class SparePool:
             old, self._spare = self._spare, spare
             if old is not None:
                 await old.session.close()
-        except ToolsdError as e:
+        except (ToolsdError, SandboxError) as e:
             log.debug("no warm spare: %s", e.message)
             return
         except Exception:

@@ -29,16 +29,9 @@ import msgspec
 import trio
 
 from driver import FILE_HELPER_PY
+from toolsd.sandbox.errors import Fault, SandboxError
 from toolsd.sandbox.mount_plan import plan_mounts
 from toolsd.sandbox.policy import Policy
-from toolsd.wire.protocol import (
-    BAD_PARAMS,
-    IO_ERROR,
-    LIMIT_EXCEEDED,
-    NOT_FOUND,
-    SANDBOX_UNAVAILABLE,
-    ToolsdError,
-)
 
 __all__ = ["FileHelper", "MAX_READ"]
 
@@ -51,7 +44,9 @@ START_TIMEOUT_S = 30.0
 # A send to a helper that takes no data for this long: the helper is stuck (a hung mount?),
 # and is killed, failing what it was doing.
 SEND_TIMEOUT_S = 60.0
-_CODES = {NOT_FOUND, IO_ERROR, LIMIT_EXCEEDED, BAD_PARAMS}
+# The codes of the helper's error replies (driver/_file_view.py FileError), by fault.
+_FAULTS = {"not_found": Fault.NOT_FOUND, "io_error": Fault.IO,
+           "limit_exceeded": Fault.LIMIT, "bad_params": Fault.REFUSED}
 _RECV = 1 << 16
 READ_SLOTS = 4
 MAX_FDS_QUEUED = 64
@@ -168,16 +163,16 @@ class FileHelper:
             self._waiters.pop(0, None)
         if hello.reply is None or hello.reply.ok is None:
             self._gone(ours, self._why_gone or "it did not start")
-            raise ToolsdError(SANDBOX_UNAVAILABLE, f"the session's file helper did not start "
-                              f"({self._why_gone or 'no answer'}); the daemon log may say why")
+            raise SandboxError(Fault.UNAVAILABLE, f"the session's file helper did not start "
+                               f"({self._why_gone or 'no answer'}); the daemon log may say why")
 
     # ------------------------------------------------------------ calls
 
     async def call(self, launcher, start_soon, meta: dict, data: bytes = b"",
                    on_events: Callable[[list, int, bool], None] | None = None,
                    on_sent: Callable[[int], None] | None = None) -> tuple[dict, bytes]:
-        """(result, data) of one request to the helper; ToolsdError for its error reply, or
-        io_error if the helper died meanwhile. With `on_events` (a watch), its batches of
+        """(result, data) of one request to the helper; SandboxError for its error reply,
+        or Fault.IO if the helper died meanwhile. With `on_events` (a watch), its batches of
         events go there, `on_events(events, dropped so far, started)`, until the final
         reply; `on_sent(id)` once the request is out (the id `stop_watch` takes)."""
         sock = await self._ensure(launcher, start_soon)
@@ -192,15 +187,14 @@ class FileHelper:
             self._waiters.pop(rid, None)
         reply = waiter.reply
         if reply is None:
-            raise ToolsdError(IO_ERROR, f"the session's file helper ended during the call "
-                              f"({self._why_gone or 'killed'}); try again")
+            raise SandboxError(Fault.IO, f"the session's file helper ended during the call "
+                               f"({self._why_gone or 'killed'}); try again")
         if reply.error is not None:
-            code = reply.error.code if reply.error.code in _CODES else IO_ERROR
-            raise ToolsdError(code, reply.error.message)
+            raise SandboxError(_FAULTS.get(reply.error.code, Fault.IO), reply.error.message)
         if reply.ok is not None and reply.ok.get("fd") is True:
             if waiter.fd is None:
-                raise ToolsdError(IO_ERROR, "the session's file helper answered a read "
-                                  "without its file; try again")
+                raise SandboxError(Fault.IO, "the session's file helper answered a read "
+                                   "without its file; try again")
             return await _read_fd(waiter.fd, reply.ok, int(meta.get("offset") or 0),
                                   min(int(meta.get("length") or MAX_READ), MAX_READ))
         return reply.ok or {}, waiter.data
@@ -343,8 +337,8 @@ async def _read_fd(fd: int, result: dict, offset: int, length: int) -> tuple[dic
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise ToolsdError(IO_ERROR, "the session's file helper passed something that "
-                                  "is not a regular file")
+                raise SandboxError(Fault.IO, "the session's file helper passed something that "
+                                   "is not a regular file")
             want = max(0, min(length, st.st_size - offset))
             data = bytearray(want)
             view = memoryview(data)
@@ -358,7 +352,7 @@ async def _read_fd(fd: int, result: dict, offset: int, length: int) -> tuple[dic
             del data[got:]
             size = os.fstat(fd).st_size
         except OSError as e:
-            raise ToolsdError(IO_ERROR, f"reading the file failed: {e.strerror}") from None
+            raise SandboxError(Fault.IO, f"reading the file failed: {e.strerror}") from None
         finally:
             os.close(fd)
         return {**result, "size": size, "eof": offset + got >= size}, data

@@ -11,8 +11,8 @@ from typing import Callable
 
 import trio
 
+from toolsd.sandbox.errors import Fault, SandboxError
 from toolsd.sandbox.policy import Policy, guarding_mounts, mount_points
-from toolsd.wire.protocol import BAD_PARAMS, ToolsdError
 
 log = logging.getLogger("toolsd.session")
 
@@ -59,9 +59,9 @@ class MountGuard:
         # from here on, the mount lands at another path, which open() finds missing.
         if os.path.realpath(policy.workspace) != policy.workspace or \
                 not os.path.isdir(policy.workspace):
-            raise ToolsdError(BAD_PARAMS, f"session.open: the workspace {policy.workspace} "
-                              f"changed while the session opened (a folder on its way is now "
-                              f"a symlink, or it is gone); open it again")
+            raise SandboxError(Fault.REFUSED, f"session.open: the workspace {policy.workspace} "
+                               f"changed while the session opened (a folder on its way is now "
+                               f"a symlink, or it is gone); open it again")
 
     @property
     def watching(self) -> bool:

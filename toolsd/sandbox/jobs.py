@@ -15,9 +15,9 @@ import trio
 from toolsd.runtime import threads
 from toolsd.runtime.fdio import READ_SIZE, FdReader
 from toolsd.sandbox import proctree
+from toolsd.sandbox.errors import Fault, SandboxError
 from toolsd.sandbox.launcher import KILL_THREADS, LauncherDied, LauncherError, LauncherLimit
 from toolsd.sandbox.shell_argv import shell_argv
-from toolsd.wire.protocol import BAD_PARAMS, LIMIT_EXCEEDED, SESSION_CLOSED, ToolsdError
 
 # A spawn that takes longer than this means the session's launcher is stuck (sandboxed, pid 1
 # of its namespace, its code cannot stop it; unsandboxed it can).
@@ -64,11 +64,11 @@ def open_devnull() -> int:
 async def spawn(session, argv: list[str], *, cwd: str, env: dict[str, str], stdin: int,
                 stdout: int, stderr: int, extra_fds=(), want_pid: bool = True,
                 held: bool = False, what: str | None = None,
-                error_code: str = BAD_PARAMS, tty: tuple[int, int] | None = None):
+                fault: Fault = Fault.REFUSED, tty: tuple[int, int] | None = None):
     """Start `argv` in the session's sandbox (Launcher.spawn: the fds stay the caller's) and
     return its Job: the one way every tool starts a command. A launcher that does not answer
     within SPAWN_TIMEOUT_S is stuck, and ends the sandbox. The launcher's errors become the
-    ToolsdError a caller sees: the session closed, its process limit, or `error_code` with
+    SandboxError a caller sees: the session closed, its process limit, or `fault` with
     "could not start `what`" (argv[0] by default)."""
     if not session.repositories.known.is_set():
         # A session opened on a big workspace is handed out while its repositories are
@@ -87,15 +87,15 @@ async def spawn(session, argv: list[str], *, cwd: str, env: dict[str, str], stdi
             await session.launcher.aclose()
             raise LauncherDied("the launcher did not answer")
     except LauncherDied:
-        raise ToolsdError(SESSION_CLOSED, f"session {session.id} is closed or its sandbox "
-                          f"died; open a new session") from None
+        raise SandboxError(Fault.CLOSED, f"session {session.id} is closed or its sandbox "
+                           f"died; open a new session") from None
     except LauncherLimit as e:
-        raise ToolsdError(LIMIT_EXCEEDED, f"could not start {what or argv[0]}: {e}; the "
-                          f"session is at its process limit (limits.pids "
-                          f"{session.limits.pids}): wait for commands to end or stop "
-                          f"background processes") from None
+        raise SandboxError(Fault.LIMIT, f"could not start {what or argv[0]}: {e}; the "
+                           f"session is at its process limit (limits.pids "
+                           f"{session.limits.pids}): wait for commands to end or stop "
+                           f"background processes") from None
     except LauncherError as e:
-        raise ToolsdError(error_code, f"could not start {what or argv[0]}: {e}") from None
+        raise SandboxError(fault, f"could not start {what or argv[0]}: {e}") from None
     return job
 
 
@@ -137,8 +137,8 @@ async def spawn_with_terminal(session, argv: list[str], *, cwd: str, env: dict[s
         os.close(devnull)
     master, job.terminal_fd = job.terminal_fd, -1
     if master == -1:  # the launcher never sends a `started` without it for a tty request
-        raise ToolsdError(BAD_PARAMS, f"could not start {argv[0]} on a terminal: the sandbox "
-                          f"launcher gave none back; start it without tty")
+        raise SandboxError(Fault.REFUSED, f"could not start {argv[0]} on a terminal: the sandbox "
+                           f"launcher gave none back; start it without tty")
     return job, master
 
 
@@ -153,7 +153,7 @@ async def spawn_shell(session, command: str, *, cwd: str, env: dict[str, str],
     try:
         argv, script = shell_argv(shell_path, command, script_fd)
     except ValueError as e:
-        raise ToolsdError(BAD_PARAMS, str(e)) from None
+        raise SandboxError(Fault.REFUSED, str(e)) from None
     if script is None:
         return await spawn_with_pipe(session, argv, cwd=cwd, env=env, extra_fds=extra_fds,
                                      want_pid=want_pid, held=held, **options)

@@ -13,27 +13,29 @@ import sys
 import toolsd
 from driver import DRIVER_DIR
 from toolsd.sandbox import home, overlay, workspace_rules
+from toolsd.sandbox.errors import Fault, SandboxError
 from toolsd.sandbox.policy import PROC_READ_ONLY, Policy, check_env_size, validate_env
-from toolsd.wire.protocol import BAD_PARAMS, ToolsdError
 
 log = logging.getLogger("toolsd.session")
 
 
 def check_workspace(path: str) -> str:
     if not os.path.isabs(path):
-        raise ToolsdError(BAD_PARAMS, f"workspace must be an absolute path, got {path!r}")
+        raise SandboxError(Fault.REFUSED, f"workspace must be an absolute path, got {path!r}")
     if not os.path.exists(path):
-        raise ToolsdError(BAD_PARAMS, f"workspace {path} does not exist; create the folder first")
+        raise SandboxError(Fault.REFUSED,
+                           f"workspace {path} does not exist; create the folder first")
     if not os.path.isdir(path):
-        raise ToolsdError(BAD_PARAMS, f"workspace {path} is not a folder")
+        raise SandboxError(Fault.REFUSED, f"workspace {path} is not a folder")
     real = os.path.realpath(path)
     if real == "/":
-        raise ToolsdError(BAD_PARAMS, "workspace cannot be / (the whole machine); pick a folder")
+        raise SandboxError(Fault.REFUSED,
+                           "workspace cannot be / (the whole machine); pick a folder")
     try:
         real.encode("utf-8")
     except UnicodeEncodeError:
-        raise ToolsdError(BAD_PARAMS, f"workspace {real!r} is not valid UTF-8; toolsd reports "
-                          f"paths as text: rename the folder") from None
+        raise SandboxError(Fault.REFUSED, f"workspace {real!r} is not valid UTF-8; toolsd reports "
+                           f"paths as text: rename the folder") from None
     return real
 
 
@@ -102,7 +104,7 @@ def plan_view(*, home_path: str, workspace: str, hidden_paths, shown,
         return home.plan(home=real_home, workspace=workspace, hidden=hidden, shown=shown,
                          keep=own_files(), overlay=with_overlay)
     except home.CannotHide as e:
-        raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
+        raise SandboxError(Fault.REFUSED, f"session.open: {e}") from None
 
 
 def session_policy(*, workspace: str, scratch: str, writable: bool, network: str,
@@ -164,13 +166,13 @@ def make_hooks_folder(workspace: str) -> None:
 
 
 def check_outside(workspace: str, *, own_home: str, shown, own_folders) -> None:
-    """BAD_PARAMS if `workspace` is or lies in a hidden path: one of toolsd's own folders
+    """Fault.REFUSED if `workspace` is or lies in a hidden path: one of toolsd's own folders
     (`own_folders`, {path: what it is}: its socket's, its state, --hide ones) or an entry
     the homes hide (workspace_rules.py): sessions must never see them."""
     why = workspace_rules.refusal(workspace, own_home=own_home, shown=shown,
                                   own_folders=own_folders)
     if why is not None:
-        raise ToolsdError(BAD_PARAMS, f"session.open: {why}")
+        raise SandboxError(Fault.REFUSED, f"session.open: {why}")
 
 
 def resolve_cwd(workspace: str, cwd: str | None) -> str:
@@ -181,11 +183,11 @@ def resolve_cwd(workspace: str, cwd: str | None) -> str:
     # check, which runs on the host) somewhere else.
     path = os.path.realpath(os.path.join(workspace, cwd))
     if path != workspace and not path.startswith(workspace + os.sep):
-        raise ToolsdError(BAD_PARAMS, f"cwd {cwd!r} is outside the workspace "
-                          f"{workspace}; give a folder inside it")
+        raise SandboxError(Fault.REFUSED, f"cwd {cwd!r} is outside the workspace "
+                           f"{workspace}; give a folder inside it")
     if not os.path.isdir(path):
-        raise ToolsdError(BAD_PARAMS, f"cwd {cwd!r} is not an existing folder in the "
-                          f"workspace")
+        raise SandboxError(Fault.REFUSED, f"cwd {cwd!r} is not an existing folder in the "
+                           f"workspace")
     return path
 
 
@@ -196,5 +198,5 @@ def command_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
         if extra:  # env alone was checked at open
             check_env_size(merged)
     except ValueError as e:
-        raise ToolsdError(BAD_PARAMS, str(e)) from None
+        raise SandboxError(Fault.REFUSED, str(e)) from None
     return merged

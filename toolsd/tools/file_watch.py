@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from toolsd.sandbox.errors import SandboxError
 from toolsd.tools.calls import Answer
 from toolsd.tools.files import call, check_path
 from toolsd.wire.files import FileWatchParams, FileWatchResult, encode_file_event
@@ -40,7 +41,7 @@ class _Watch:
         self.sent = 0
         self.rid: int | None = None
         self.result: dict | None = None
-        self.error: ToolsdError | None = None
+        self.error: ToolsdError | SandboxError | None = None
         self.over = trio.Event()
         self.wake = trio.Event()
 
@@ -69,7 +70,7 @@ class _Watch:
             self.result, _ = await call(session, meta, on_events=self.events,
                                         on_sent=self.sent_as)
             self.dropped_there = max(self.dropped_there, int(self.result.get("dropped", 0)))
-        except ToolsdError as e:
+        except (ToolsdError, SandboxError) as e:
             self.error = e
         finally:
             self.over.set()

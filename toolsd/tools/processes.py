@@ -14,6 +14,7 @@ import msgspec
 import trio
 
 from toolsd.runtime import threads
+from toolsd.sandbox.errors import SandboxError
 from toolsd.sandbox.jobs import signal_name, spawn_shell
 from toolsd.tools.background import CPU_THREADS, BackgroundProcess, remove_log
 from toolsd.tools import input_wait
@@ -101,7 +102,7 @@ async def start(table: ProcessTable, session: SessionView,
         if p.tty:
             # Our own copy for writes: the pump closes read_fd at the terminal's end.
             source = ProcessInput(process_id, os.dup(read_fd), terminal=True)
-    except ToolsdError:
+    except (ToolsdError, SandboxError):
         if source is not None:
             source.close()
         remove_log(log_file, process_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from toolsd.sandbox.errors import SandboxError
 from toolsd.tools import files
 from toolsd.wire.files import MAX_READ
 from toolsd.wire.protocol import ToolsdError
@@ -28,14 +29,14 @@ async def read(session: SessionView, path: str) -> bytes | None:
     if not helper.running:
         try:
             helper.start_in_background(session.launcher, session.start_soon)
-        except ToolsdError:
+        except (ToolsdError, SandboxError):
             pass  # the session is closing: the reader process says so
         return None
     try:
         async with helper.read_slots:
             result, data = await files.call(session, {"op": "read", "path": path,
                                                       "offset": 0, "length": MAX_READ})
-    except ToolsdError:
+    except (ToolsdError, SandboxError):
         return None
     if not result.get("eof") or len(data) != result.get("size"):
         return None  # larger than one read, or changed while read

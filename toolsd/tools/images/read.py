@@ -12,6 +12,7 @@ import trio
 from toolsd.runtime import threads
 from toolsd.runtime.fdio import READ_SIZE
 from toolsd.sandbox import jobs
+from toolsd.sandbox.errors import Fault
 from toolsd.tools.images import helper_read
 from toolsd.tools.images.fit import ImageTooLarge, NotAnImage, fit_image
 from toolsd.wire.protocol import (
@@ -132,7 +133,7 @@ async def _read_in_sandbox(session: SessionView, path: str) -> bytes:
     try:
         job = await jobs.spawn(session, argv, cwd=session.workspace, env=env, stdin=devnull,
                                stdout=out_w, stderr=err_w, want_pid=False,
-                               what=f"a reader for {path}", error_code=IO_ERROR)
+                               what=f"a reader for {path}", fault=Fault.IO)
     except BaseException:
         os.close(out_r)
         os.close(err_r)
