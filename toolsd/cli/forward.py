@@ -41,11 +41,15 @@ def cmd_forward(args) -> int:
             return 0
         r = c.port_forward(args.session, args.port, bind=args.bind, host_port=args.host_port)
         host = f"[{r['host']}]" if ":" in r["host"] else r["host"]
-        print(f"forwarding http://{host}:{r['port']} -> port {args.port} of session "
-              f"{args.session}" + ("" if args.detach else "; Ctrl-C ends it"), flush=True)
+        said = f"forwarding http://{host}:{r['port']} -> port {args.port} of session " \
+               f"{args.session}"
         if args.detach:
+            print(said, flush=True)
             return 0
         try:
+            # Said inside the try: a Ctrl-C that comes as soon as the line is read (before
+            # the next line of ours ran) closes the forward too.
+            print(said + "; Ctrl-C ends it", flush=True)
             while _still_there(c, args.session, args.port):
                 time.sleep(LOOK_S)
         except KeyboardInterrupt:
