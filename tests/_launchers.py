@@ -10,6 +10,7 @@ import sys
 import psutil
 import trio
 
+from toolsd.sandbox.jobs import spawn_with_pipe
 from toolsd.sandbox.launcher import Launcher
 from toolsd.sandbox.session_policy import own_files_under_tmp
 
@@ -44,18 +45,7 @@ async def read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-async def spawn_piped(launcher, argv, *, cwd="/", env=ENV, stdin=None, **kw):
-    """Spawn with stdout+stderr on one pipe; returns (job, read_fd)."""
-    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        job = await launcher.spawn(argv, cwd=cwd, env=env,
-                                   stdin=devnull if stdin is None else stdin,
-                                   stdout=write_fd, stderr=write_fd, **kw)
-    except BaseException:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)
-        os.close(devnull)
-    return job, read_fd
+async def spawn_piped(launcher, argv, *, cwd="/", env=ENV, **options):
+    """Spawn with stdout+stderr on one pipe (jobs.spawn_with_pipe on the bare launcher);
+    returns (job, read_fd)."""
+    return await spawn_with_pipe(launcher, argv, cwd=cwd, env=env, **options)

@@ -22,6 +22,7 @@ from _launchers import BWRAP, ENV, PY, bwrap_prefix, read_all, spawn_piped, tree
 from conftest import assert_gone
 from toolsd.sandbox.channel import Started
 from toolsd.sandbox.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
+from toolsd.sandbox.spawn_request import SpawnRequest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,8 +72,8 @@ async def test_ready_message_names_the_shells(launcher):
 
 async def test_missing_program_is_a_clear_error_and_launcher_still_works(launcher):
     with pytest.raises(LauncherError, match=r"no such program: 'no-such-program-xyz'.*PATH"):
-        await launcher.spawn(["no-such-program-xyz", "arg"], cwd="/", env=ENV,
-                             stdin=0, stdout=1, stderr=2)
+        await launcher.spawn(SpawnRequest(["no-such-program-xyz", "arg"], cwd="/", env=ENV,
+                             stdin=0, stdout=1, stderr=2))
     output, status = await run(launcher, ["echo", "still here"])
     assert (output, status) == (b"still here\n", (0, None))
 
@@ -80,7 +81,8 @@ async def test_missing_program_is_a_clear_error_and_launcher_still_works(launche
 async def test_missing_cwd_is_a_clear_error_and_launcher_still_works(launcher, tmp_path):
     missing = str(tmp_path / "not-there")
     with pytest.raises(LauncherError, match=r"working directory .*not-there.*No such file"):
-        await launcher.spawn(["true"], cwd=missing, env=ENV, stdin=0, stdout=1, stderr=2)
+        await launcher.spawn(SpawnRequest(["true"], cwd=missing, env=ENV,
+                                          stdin=0, stdout=1, stderr=2))
     output, status = await run(launcher, ["echo", "still here"])
     assert (output, status) == (b"still here\n", (0, None))
 
@@ -191,8 +193,8 @@ async def test_a_shims_limits_never_reach_a_command_asking_others(launcher):
 
 async def test_unknown_rlimit_is_a_clear_error(launcher):
     with pytest.raises(LauncherError, match="unknown resource limit 'bogus'"):
-        await launcher.spawn(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2,
-                             rlimits={"bogus": (1, 1)})
+        await launcher.spawn(SpawnRequest(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2,
+                             rlimits={"bogus": (1, 1)}))
 
 
 async def test_job_pid_is_a_host_pid_running_the_command(launcher):
@@ -371,7 +373,8 @@ async def test_launcher_killed_wakes_every_waiter(launcher):
         with pytest.raises(LauncherDied):
             await launcher.ping()
         with pytest.raises(LauncherDied):
-            await launcher.spawn(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2)
+            await launcher.spawn(SpawnRequest(["true"], cwd="/", env=ENV,
+                                              stdin=0, stdout=1, stderr=2))
     assert not launcher.alive
     assert sleeper.lost
     await launcher.aclose()
@@ -406,7 +409,7 @@ async def test_a_launcher_found_gone_is_dead_for_every_call_at_once(launcher):
     assert launcher.gone_now()
     assert not launcher.alive and sleeper.lost
     with pytest.raises(LauncherDied):
-        await launcher.spawn(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2)
+        await launcher.spawn(SpawnRequest(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2))
 
 
 async def test_aclose_leaves_no_process_of_the_sandbox(nursery, wrapper):
@@ -436,14 +439,15 @@ async def test_aclose_leaves_no_process_of_the_sandbox(nursery, wrapper):
 DAEMON_SCRIPT = textwrap.dedent("""
     import json, os, sys, trio
     from toolsd.sandbox.launcher import Launcher
+    from toolsd.sandbox.spawn_request import SpawnRequest
 
     async def main():
         env = json.loads(sys.argv[2])
         async with trio.open_nursery() as nursery:
             launcher = await Launcher.start(nursery, wrapper=json.loads(sys.argv[1]), env=env)
             devnull = os.open(os.devnull, os.O_RDWR)
-            job = await launcher.spawn(["sleep", "1000"], cwd="/", env=env,
-                                       stdin=devnull, stdout=devnull, stderr=devnull)
+            job = await launcher.spawn(SpawnRequest(["sleep", "1000"], cwd="/", env=env,
+                                       stdin=devnull, stdout=devnull, stderr=devnull))
             print(json.dumps([launcher.wrapper_pid, launcher.host_pid, job.shim_pid, job.pid]),
                   flush=True)
             await trio.sleep_forever()
@@ -616,12 +620,12 @@ async def test_spare_killed_while_taking_a_job_runs_it_once_on_another(
         try:
             with trio.fail_after(20):  # a lost request would hang here forever
                 # The request never ran: it is sent again, and runs on another shim.
-                victim = await launcher.spawn(["echo", "victim"], cwd="/", env=ENV,
+                victim = await launcher.spawn(SpawnRequest(["echo", "victim"], cwd="/", env=ENV,
                                               stdin=write_fd, stdout=write_fd,
-                                              stderr=write_fd)
-                survivor = await launcher.spawn(["echo", "survivor"], cwd="/", env=ENV,
+                                              stderr=write_fd))
+                survivor = await launcher.spawn(SpawnRequest(["echo", "survivor"], cwd="/", env=ENV,
                                                 stdin=write_fd, stdout=write_fd,
-                                                stderr=write_fd)
+                                                stderr=write_fd))
         finally:
             os.close(write_fd)
         # EOF comes once every copy of the pipe is closed, including the first request's
@@ -651,7 +655,8 @@ async def test_spares_that_keep_dying_fail_the_request_clearly(nursery, wrapper,
     try:
         with trio.fail_after(20):  # without a limit the launcher would fork forever
             with pytest.raises(LauncherError, match="shims were killed before they could start"):
-                await launcher.spawn(["true"], cwd="/", env=ENV, stdin=0, stdout=1, stderr=2)
+                await launcher.spawn(SpawnRequest(["true"], cwd="/", env=ENV,
+                                                  stdin=0, stdout=1, stderr=2))
             await launcher.ping()
     finally:
         await launcher.aclose()
@@ -671,8 +676,9 @@ async def test_a_cancelled_spawn_ends_the_whole_tree_it_started(nursery, wrapper
     pids = tree_pids(launcher)
     try:
         with trio.move_on_after(0.1) as waited:
-            await launcher.spawn(["sh", "-c", "sleep 1000 & sleep 1000"], cwd="/", env=ENV,
-                                 stdin=0, stdout=1, stderr=2)
+            await launcher.spawn(SpawnRequest(["sh", "-c", "sleep 1000 & sleep 1000"], cwd="/",
+                                              env=ENV,
+                                 stdin=0, stdout=1, stderr=2))
         assert waited.cancelled_caught  # abandoned: nobody will ever stop what it started
 
         def sleeps():
@@ -727,8 +733,8 @@ async def test_a_spawn_cancelled_as_its_start_is_reported_ends_the_tree(launcher
 
     launcher._dispatch = cancel_then_dispatch
     with scope:
-        await launcher.spawn(["sh", "-c", "sleep 1000 & sleep 1000"], cwd="/", env=ENV,
-                             stdin=0, stdout=1, stderr=2, want_pid=False)
+        await launcher.spawn(SpawnRequest(["sh", "-c", "sleep 1000 & sleep 1000"], cwd="/", env=ENV,
+                             stdin=0, stdout=1, stderr=2, want_pid=False))
     assert scope.cancelled_caught
     launcher._dispatch = dispatch
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import HAVE_BWRAP, wait_for
 from toolsd.client import Client, ToolsdError
-from toolsd.sandbox.jobs import SPAWN_TIMEOUT_S
+from toolsd.sandbox.session_sandbox import SPAWN_TIMEOUT_S
 
 pytestmark = [pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed"),
               pytest.mark.daemon(shared=True)]

@@ -1,7 +1,8 @@
-"""A tool with no daemon: shell.run's tool function (tools/shell.py) run on a launcher in a
-bubblewrap sandbox the test makes itself, given the session through the SessionView
-Protocol (tools/session_view.py). `AloneSession` has what shell.run and the spawn path
-under it use of a session; nothing of toolsd.daemon is involved."""
+"""A tool with no daemon: shell.run's tool function (tools/shell.py) run in a Sandbox
+(sandbox/session_sandbox.py) the test makes itself around its own bubblewrap argv, given
+the session through the SessionView Protocol (tools/session_view.py). `AloneSession` has
+what shell.run and the spawn path under it use of a session; nothing of toolsd.daemon is
+involved."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import os
 
 import psutil
 import pytest
-import trio
-
 from _launchers import BWRAP, ENV, bwrap_prefix
-from toolsd.sandbox.launcher import Launcher
+from toolsd.sandbox.errors import Fault, SandboxError
+from toolsd.sandbox.jobs import open_devnull
+from toolsd.sandbox.session_sandbox import Sandbox, SandboxSpec
+from toolsd.sandbox.spawn_request import SpawnRequest
 from toolsd.sandbox.policy import Limits
 from toolsd.tools import shell
 from toolsd.tools.spill import Spills
@@ -21,34 +23,19 @@ from toolsd.wire.protocol import ShellRunParams
 pytestmark = pytest.mark.skipif(BWRAP is None, reason="bubblewrap (bwrap) is not installed")
 
 
-class _Known:
-    """repositories: the workspace's repositories were looked at already (there are none)."""
-
-    def __init__(self):
-        self.known = trio.Event()
-        self.known.set()
-
-
 class AloneSession:
-    """The members of SessionView that shell.run reaches, over a launcher of the test's."""
+    """The members of SessionView that shell.run reaches, over a sandbox of the test's."""
 
-    def __init__(self, launcher: Launcher, workspace: str, scratch: str):
+    def __init__(self, sandbox: Sandbox, workspace: str, scratch: str):
         self.id = "alone"
-        self.launcher = launcher
+        self.sandbox = sandbox
         self.workspace = workspace
         self.limits = Limits()
-        self.rlimits: dict[str, int] = {}
         self.home_is_own = False
         self.spills = Spills(scratch, scratch, 1 << 20)
-        self.repositories = _Known()
-
-    @property
-    def shell(self) -> tuple[str, str]:
-        ready = self.launcher.ready
-        return ("bash", ready.bash) if ready.bash else ("sh", ready.sh)
 
     def check_open(self) -> None:
-        assert self.launcher.alive
+        assert self.sandbox.alive()
 
     def resolve_cwd(self, cwd: str | None) -> str:
         return os.path.join(self.workspace, cwd or "")
@@ -93,9 +80,13 @@ async def test_shell_run_without_a_daemon(nursery, tmp_path):
     workspace, scratch = tmp_path / "ws", tmp_path / "scratch"
     workspace.mkdir()
     scratch.mkdir()
-    launcher = await Launcher.start(nursery, wrapper=bwrap_prefix(str(tmp_path)), env=ENV)
+    sandbox = Sandbox(SandboxSpec(name="alone", workspace=str(workspace), env=ENV,
+                                  scratch=str(scratch), limits=Limits(),
+                                  wrapper=tuple(bwrap_prefix(str(tmp_path)))))
+    await sandbox.open(nursery)
+    launcher = sandbox.launcher
     try:
-        session = AloneSession(launcher, str(workspace), str(scratch))
+        session = AloneSession(sandbox, str(workspace), str(scratch))
         r = await run(session, "echo $((6*7)); pwd; echo to-stderr >&2; touch made; exit 3")
         assert (r.exit_code, r.timed_out, r.shell) == (3, False, "bash")
         assert r.output == f"42\n{workspace}\nto-stderr\n"
@@ -115,6 +106,32 @@ async def test_shell_run_without_a_daemon(nursery, tmp_path):
                     if p.info["cmdline"] == ["sleep", "3217"]]
         assert sleepers == []
     finally:
-        await launcher.aclose()
+        await sandbox.aclose()
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                    for p in pids)
+
+
+async def test_the_sandbox_says_what_failed_in_its_own_errors(nursery, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    sandbox = Sandbox(SandboxSpec(name="alone", workspace=str(workspace), env=ENV,
+                                  scratch=str(tmp_path / "scratch"), limits=Limits(),
+                                  wrapper=tuple(bwrap_prefix(str(tmp_path)))))
+    await sandbox.open(nursery)
+    devnull = open_devnull()
+    try:
+        request = SpawnRequest(["no-such-program-xyz"], str(workspace), ENV, stdin=devnull,
+                               stdout=devnull, stderr=devnull)
+        with pytest.raises(SandboxError) as refused:
+            await sandbox.spawn(request)
+        assert refused.value.fault is Fault.REFUSED
+        assert "could not start no-such-program-xyz" in refused.value.message
+        await sandbox.aclose()
+        assert not sandbox.alive(now=True) and not (tmp_path / "scratch").exists()
+        with pytest.raises(SandboxError) as closed:
+            await sandbox.spawn(request)
+        assert closed.value.fault is Fault.CLOSED
+        assert "open a new session" in closed.value.message
+    finally:
+        os.close(devnull)
+        await sandbox.aclose()  # again: a no-op

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
-import sys
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Awaitable, Callable
@@ -20,13 +18,14 @@ import trio
 
 from toolsd.daemon import workspaces
 from toolsd.daemon.activity import Activity
+from toolsd.daemon.session_life import MOVES, SessionLife, refusal
 from toolsd.daemon.egress import session_network
 from toolsd.daemon.session_memory import MemoryNotes
-from toolsd.sandbox import cgroups, file_helper, home
-from toolsd.sandbox.guards import MountGuard
-from toolsd.sandbox.launcher import Launcher, LauncherError
+from toolsd.sandbox import file_helper
+from toolsd.sandbox.errors import SandboxError
 from toolsd.sandbox.repositories import RepositoryWatch
-from toolsd.sandbox.policy import Limits, bwrap_argv, check_env_size, sandbox_env, validate_env
+from toolsd.sandbox.policy import Limits, check_env_size, sandbox_env, validate_env
+from toolsd.sandbox.session_sandbox import Sandbox, SandboxSpec
 from toolsd.sandbox.session_policy import (
     check_workspace,
     command_env,
@@ -45,6 +44,7 @@ from toolsd.wire.protocol import (
     ToolsdError,
 )
 from toolsd.tools.repl_turns import ReplTurns
+from toolsd.tools.wire_errors import as_wire
 from toolsd.tools.spill import Spills
 
 if TYPE_CHECKING:
@@ -77,24 +77,19 @@ class Session(MemoryNotes):
         self.limits = Limits(**{
             k: (v if v is not None else getattr(defaults, k)) for k, v in given.items()
         }, nofile=defaults.nofile)
-        # Without a memory cgroup (see run), RLIMIT_AS instead.
-        self._set_rlimits(memory_cgroup="memory" in host.cgroup_places)
         self.sandbox_kind = host.sandbox_kind
         if self.sandbox_kind == "none" and not self.writable:
             raise ToolsdError(SANDBOX_UNAVAILABLE, "writable: false needs the sandbox, and this "
                               "daemon has none (toolsd doctor says why); install bubblewrap")
         self.opened_at = time.time()
         self.turns = ReplTurns()
-        self.closed = False
+        self.life = SessionLife.STARTING  # changed by _move only
         self.activity = Activity(trio.current_time())
-        self.launcher: Launcher | None = None
-        self.cgroup: cgroups.SessionCgroups | None = None
         # The real python3 of the sandbox, once asked: read-only to tools (remember_python).
         self.python_exe: str | None = None
         self.nursery: trio.Nursery | None = None
         self._close_done = trio.Event()
         self._stop = trio.Event()
-        self._closing = False
         self.close_result: SessionCloseResult | None = None
         self.ended_why: str | None = None  # why toolsd ended the session by itself
         # What the session adds that the host's git would run.
@@ -131,22 +126,17 @@ class Session(MemoryNotes):
                 home_dir=self.home_dir, **self.net.policy_fields())
         except ValueError as e:
             raise ToolsdError(BAD_PARAMS, f"session.open: {e}") from None
-        self.guard = MountGuard(self.policy)
+        self.sandbox = Sandbox(SandboxSpec(
+            name=session_id, workspace=self.workspace, env=self.env, scratch=self.scratch,
+            limits=self.limits, policy=self.policy, bwrap=host.bwrap,
+            home_dir=self.home_dir if self.home_is_own else None,
+            cgroup_places=host.cgroup_places, listen=self.net.listen),
+            starts_after=self.repositories.known)  # no command before the baseline
         self.files = file_helper.FileHelper.of_session(self)  # file.*'s, started on first use
 
     # ------------------------------------------------------------ lifecycle
 
-    def _set_rlimits(self, *, memory_cgroup: bool) -> None:
-        # The launcher names limits as setrlimit's man page does ("as", "nproc").
-        self.rlimits = {name.removeprefix("RLIMIT_").lower(): value for name, value
-                        in self.limits.rlimits(address_space=not memory_cgroup).items()}
-
     # ------------------------------------------------------------ mount guards
-
-    @property
-    def guarded(self) -> bool:
-        """Whether check_guards can see this sandbox's mounts (always, unsandboxed)."""
-        return self.host.bwrap is None or self.guard.watching
 
     def check_guards(self) -> None:
         """End the session if the host has replaced a path it hides or protects: the kernel
@@ -154,11 +144,11 @@ class Session(MemoryNotes):
         config` renames a new .git/config into place), and from then on the sandbox would
         show the new file (docs/sandbox.md, "Paths replaced on the host"). `ended_why` says
         so afterwards. Cheap when nothing changed (MountGuard.check)."""
-        if self.ended_why is None and not self.closed:
-            self._guards_lost(self.guard.check())
+        if self.life in (SessionLife.STARTING, SessionLife.OPEN):
+            self._guards_lost(self.sandbox.lost_guards())
 
     def _guards_lost(self, paths: list[str]) -> None:
-        if not paths or self.ended_why is not None or self.closed:
+        if not paths or not self._move(SessionLife.ENDED):
             return
         self.ended_why = (f"{', '.join(paths)} changed on the host while the session ran, "
                           f"and its sandbox no longer hid or protected it")
@@ -172,74 +162,43 @@ class Session(MemoryNotes):
         self.opened_at = time.time()
         self.activity.restart(trio.current_time())
 
-    def wrapper(self) -> list[str]:
-        prefix = self.cgroup.join_argv() if self.cgroup else []
-        if self.host.bwrap is None:
-            return prefix
-        return prefix + bwrap_argv(self.policy, bwrap=self.host.bwrap)
-
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The session's task. Reports a start failure through `task_status.started(error)`
         rather than raising it, so the caller gets one plain ToolsdError."""
-        os.makedirs(self.scratch, mode=0o700, exist_ok=True)
-        if self.home_is_own:
-            await trio.to_thread.run_sync(home.make_home, self.policy, self.home_dir,
-                                           self.env["HOME"])
-        places = self.host.cgroup_places
-        if places:
-            self.cgroup = cgroups.SessionCgroups.create(
-                places, self.id, pids=self.limits.pids, memory_mb=self.limits.memory_mb)
-            if "memory" in places and not self.cgroup.limits("memory"):
-                log.warning("session %s: memory limited by RLIMIT_AS instead", self.id)
-                self._set_rlimits(memory_cgroup=False)
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 # The workspace's repositories as they are before any command runs (the
                 # baseline of host_exec): looked at while the sandbox starts, and until
-                # then no command starts (jobs.spawn waits).
+                # then no command starts (the sandbox's starts_after).
                 nursery.start_soon(self.repositories.start)
-                # The folders as the sandbox is about to bind them (see check_guards).
-                self.guard.note_folders()
                 try:
-                    self.launcher = await Launcher.start(
-                        nursery, wrapper=self.wrapper(), env=self.env, cwd=self.workspace,
-                        python=sys.executable, listen=self.net.listen)
-                    await self.net.start(nursery, self.launcher.listeners)
-                except LauncherError as e:
-                    self.closed = True
-                    task_status.started(ToolsdError(
-                        SANDBOX_UNAVAILABLE, f"could not start the session's sandbox: {e}"))
+                    await self.sandbox.open(nursery, self._guards_lost)
+                    await self.net.start(nursery, self.sandbox.launcher.listeners)
+                except SandboxError as e:
+                    self._move(SessionLife.FAILED)
+                    task_status.started(as_wire(e))
                     nursery.cancel_scope.cancel()
                     return
                 if self.host.bwrap is None:
                     log.warning("session %s runs unsandboxed: %s", self.id,
                                 self.host.why_no_sandbox)
-                if self.host.bwrap is not None:
-                    await nursery.start(self.guard.watch, self.launcher.host_pid,
-                                        f"session {self.id}", self._guards_lost)
+                self._move(SessionLife.OPEN)
                 task_status.started(None)
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
-                if self.launcher is not None:
-                    await self.launcher.aclose()
-                if self.cgroup is not None:
-                    self.cgroup.remove()
+                await self.sandbox.aclose()
                 await self.repositories.aclose()
-                await trio.to_thread.run_sync(shutil.rmtree, self.scratch, True)
-                await trio.to_thread.run_sync(shutil.rmtree, self.home_dir, True)
                 if self.made_workspace:
                     await trio.to_thread.run_sync(workspaces.remove, self.workspace)
 
     async def close(self) -> SessionCloseResult | None:
         """End everything of the session; idempotent (a second caller waits for the first)."""
-        if self._closing:
+        if not self._move(SessionLife.CLOSING):
             await self._close_done.wait()
             return self.close_result
-        self._closing = True
-        self.closed = True
         with trio.CancelScope(shield=True):
             await self.supervisor.forwards.close_session(self.id)
             how = f"ended: {self.ended_why}" if self.ended_why else "closed"
@@ -256,32 +215,48 @@ class Session(MemoryNotes):
             result = await self.reported(SessionCloseResult(processes_stopped=stopped,
                                                             repls_stopped=repls))
             self._stop.set()
-            if self.launcher is not None:
-                await self.launcher.aclose()
+            await self.sandbox.end_launcher()
             if self.made_workspace:  # gone by the time close answers (and again in run())
                 await trio.to_thread.run_sync(workspaces.remove, self.workspace)
             self.close_result = result
+            self._move(SessionLife.CLOSED)
             self._close_done.set()
         return self.close_result
 
+    def _move(self, to: SessionLife) -> bool:
+        """The one way the session's state changes: False (and no change) for a move the
+        lifecycle does not allow from where it is (a second close, say)."""
+        if to not in MOVES[self.life]:
+            return False
+        self.life = to
+        return True
+
+    @property
+    def closed(self) -> bool:
+        """close() has begun (or the sandbox never started): nothing new may start."""
+        return self.life in (SessionLife.FAILED, SessionLife.CLOSING, SessionLife.CLOSED)
+
+    def refusal(self, *, now: bool = False, sandbox: bool = True) -> str | None:
+        """Why the session cannot run a call (None if it can): the one question every caller
+        asks. `now` asks the sandbox itself rather than what its reader last saw; without
+        `sandbox`, a dead sandbox does not count (the session can still be named and
+        closed)."""
+        dead = (sandbox and self.sandbox.launcher is not None
+                and not self.sandbox.alive(now=now))
+        return refusal(self.id, self.life, self.ended_why, dead)
+
     def check_open(self) -> None:
+        """ToolsdError (session_closed, saying why) unless the session can run calls."""
         self.check_guards()
-        if self.ended_why is not None:
-            raise ToolsdError(SESSION_CLOSED, f"session {self.id} was ended: "
-                              f"{self.ended_why}; open a new session")
-        if self.closed:
-            raise ToolsdError(SESSION_CLOSED, f"session {self.id} is closed; open a new session")
-        if self.launcher is not None and not self.launcher.alive:
-            raise ToolsdError(SESSION_CLOSED, f"session {self.id}'s sandbox has died (the "
-                              f"daemon's log says why; session.list shows it as alive: false); "
-                              f"close it and open a new session")
+        why = self.refusal()
+        if why is not None:
+            raise ToolsdError(SESSION_CLOSED, why)
 
     @property
     def alive(self) -> bool:
         """False once the session's sandbox died (killed from the host or from inside, or by
         the kernel), asked now; a closed session is not alive either."""
-        return (not self.closed and self.ended_why is None and self.launcher is not None
-                and not self.launcher.gone_now())
+        return self.refusal(now=True) is None
 
     # ------------------------------------------------------------ activity
 
@@ -349,12 +324,3 @@ class Session(MemoryNotes):
         """The session's environment with a call's `extra`, checked."""
         return command_env(self.env, extra)
 
-    @property
-    def shell(self) -> tuple[str, str]:
-        """(name, path) of the shell for shell.run: bash, else sh, as the sandbox has them."""
-        ready = self.launcher.ready
-        if ready.bash:
-            return "bash", ready.bash
-        if ready.sh:
-            return "sh", ready.sh
-        raise ToolsdError(SANDBOX_UNAVAILABLE, "the sandbox has neither bash nor sh on its PATH")

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 
 class MemoryNotes:
-    """Mixed into Session, which has `cgroup` (cgroups.SessionCgroups or None) and
+    """Mixed into Session, which has `sandbox` (its `cgroup` a SessionCgroups or None) and
     `limits`."""
 
     def oom_kills(self) -> int | None:
         """The session's count of processes ended by the kernel's OOM killer (None without a
         memory cgroup): take it before a call, and `memory_note` says afterwards whether
         the call met the memory limit."""
-        return self.cgroup.oom_kills() if self.cgroup is not None else None
+        cgroup = self.sandbox.cgroup
+        return cgroup.oom_kills() if cgroup is not None else None
 
     def memory_limit_hit(self, oom_kills_before: int | None) -> bool:
         """Whether the OOM killer ended a process of the session since `oom_kills_before`

@@ -60,9 +60,7 @@ class SparePool:
         if spare is None:
             return None
         spare.session.check_guards()  # its own hiding mounts, as for any session
-        fits = (not spare.session.closed and spare.session.ended_why is None
-                and spare.session.guarded and spare.session.launcher is not None
-                and not spare.session.launcher.gone_now()
+        fits = (spare.session.refusal(now=True) is None and spare.session.sandbox.guarded
                 and time.monotonic() - spare.made_at < SPARE_MAX_AGE_S
                 and spare.key == spare_key(session)
                 and spare.fingerprint == fingerprint(session))
@@ -134,7 +132,8 @@ def spare_key(session: Session) -> tuple:
     policy = tuple((f.name, comparable(f.name, getattr(session.policy, f.name)))
                    for f in dataclasses.fields(session.policy)
                    if f.name not in ("scratch", "home"))
-    return (policy, session.limits, tuple(sorted(session.rlimits.items())), session.sandbox_kind,
+    return (policy, session.limits, tuple(sorted(session.sandbox.rlimits.items())),
+            session.sandbox_kind,
             session.net.rule)
 
 

@@ -174,9 +174,9 @@ class Supervisor:
                               f"{self._ended[session_id][0]}; open a new session")
         if session is None:
             raise ToolsdError(NOT_FOUND, self.unknown_session(session_id))
-        if session.closed:
-            session.check_open()  # says why, if toolsd ended it
-            raise ToolsdError(SESSION_CLOSED, f"session {session_id} is closed; open a new one")
+        why = session.refusal(sandbox=False)  # a dead sandbox's session can still be closed
+        if why is not None:
+            raise ToolsdError(SESSION_CLOSED, why)
         return session
 
     async def close_session(self, session_id: str) -> SessionCloseResult | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import marshal
 import os
 
+from toolsd.runtime.child_fds import ChildFds
+
 # Runs the launcher from code compiled by the daemon and handed over on stdin: run as a script,
 # launcher.py would be compiled afresh by every session start (no .pyc for a script), a large
 # part of the launcher's start. argv stays [launcher.py, FD, SPAWN_FD], as for the script.
@@ -27,11 +29,8 @@ def launcher_code(path: str) -> bytes:
 
 def code_file(code: bytes) -> int:
     """A memfd holding `code`, at offset 0."""
-    fd = os.memfd_create("toolsd-launcher-code", os.MFD_CLOEXEC)
-    try:
+    with ChildFds() as fds:
+        fd = fds.ours(os.memfd_create("toolsd-launcher-code", os.MFD_CLOEXEC))
         os.write(fd, code)  # a memfd takes it all in one write
         os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
     return fd

@@ -29,6 +29,7 @@ import msgspec
 import trio
 
 from driver import FILE_HELPER_PY
+from toolsd.runtime.child_fds import ChildFds
 from toolsd.sandbox.errors import Fault, SandboxError
 from toolsd.sandbox.mount_plan import plan_mounts
 from toolsd.sandbox.policy import Policy
@@ -141,15 +142,10 @@ class FileHelper:
             return self._sock
 
     async def _start(self, launcher, start_soon) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
+        with ChildFds() as fds:
+            ours, theirs = fds.socketpair()
             await launcher.start_helper([sys.executable, "-I", "-S", FILE_HELPER_PY, "3"],
                                         self._env, theirs.fileno())
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
         ours.setblocking(False)
         hello = self._waiters[0] = _Waiter()
         self._sock = ours

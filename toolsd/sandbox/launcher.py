@@ -27,6 +27,7 @@ from toolsd.sandbox.channel import (Channel, Connected, Done, Exited, Failed, Fr
 from toolsd.sandbox.connects import Connects
 from toolsd.sandbox.errors import LauncherDied, LauncherError, LauncherLimit
 from toolsd.sandbox.job import Job, JobState
+from toolsd.sandbox.spawn_request import SpawnRequest
 from toolsd.sandbox.wrapper import Wrapper, host_pid_of, kill_shims
 
 __all__ = ["Launcher", "Job", "LauncherError", "LauncherLimit", "LauncherDied", "LAUNCHER_PY",
@@ -271,25 +272,21 @@ class Launcher:
 
     # ------------------------------------------------------------ requests
 
-    async def spawn(self, argv: list[str], *, cwd: str, env: dict[str, str],
-                    stdin: int, stdout: int, stderr: int,
-                    rlimits: dict[str, tuple[int, int]] | None = None,
-                    extra_fds: Sequence[int] = (), want_pid: bool = True,
-                    held: bool = False, tty: tuple[int, int] | None = None) -> Job:
-        """Start `argv` in the sandbox, in its own session, with stdin/stdout/stderr and then
-        extra_fds as its fds 0, 1, 2, 3, ...; `argv[0]` is looked up on env's PATH. Returns
-        once the command runs. LauncherError says why it could not start. With
-        `want_pid=False` job.pid stays -1 (the command and its tree are still reached through
-        the shim), which spares the shim a wakeup on the spawn's path. With `held=True` the
-        shim stays this job's until `job.let_go()`, even once the job is done: a caller can
-        answer first, and wake the shim for its next job after. `tty` (cols, rows): fds 0-2 are
-        a new terminal of the sandbox, its master side in job.terminal_fd, the caller's."""
-        if not argv:
+    async def spawn(self, request: SpawnRequest) -> Job:
+        """Start what `request` asks in the sandbox, in its own session. Returns once the
+        command runs. LauncherError says why it could not start. Without `want_pid` job.pid
+        stays -1 (the command and its tree are still reached through the shim). With `held`
+        the shim stays this job's until `job.let_go()`, even once the job is done: a caller
+        can answer first, and wake the shim for its next job after. With `tty`, the
+        terminal's master side is in job.terminal_fd, the caller's."""
+        r = request
+        if not r.argv:
             raise LauncherError("empty command: give at least the program to run")
-        fds = [stdin, stdout, stderr, *extra_fds]
+        fds = [r.stdin, r.stdout, r.stderr, *r.extra_fds]
         tries = 1
-        while (job := await self._spawn_once(argv, cwd, env, fds, rlimits, want_pid, held,
-                                             tty, last_try=tries == SPAWN_TRIES)) is None:
+        while (job := await self._spawn_once(r.argv, r.cwd, r.env, fds, r.rlimits,
+                                             r.want_pid, r.held, r.tty,
+                                             last_try=tries == SPAWN_TRIES)) is None:
             tries += 1
         return job
 

@@ -16,6 +16,7 @@ import psutil
 import trio
 
 from driver import LAUNCHER_PY
+from toolsd.runtime.child_fds import ChildFds
 from toolsd.sandbox import proctree
 from toolsd.sandbox.bootstrap import BOOTSTRAP, code_file, launcher_code
 from toolsd.sandbox.errors import LauncherError
@@ -127,36 +128,31 @@ class Wrapper:
         """Start `wrapper + [python, -I, -S, launcher_py, FD, SPAWN_FD]` (see BOOTSTRAP for
         how, when `python` is ours); (the Wrapper, our end of the channel, our end of the
         spawn channel). LauncherError if it cannot be started."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        spawn_ours, spawn_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        errfile = tempfile.TemporaryFile(prefix="toolsd-launcher-", suffix=".err")
-        stdin = subprocess.DEVNULL
-        if python == sys.executable and launcher_py == LAUNCHER_PY:
-            # Our own interpreter, so our own marshal format.
-            stdin = code_file(launcher_code(launcher_py))
-            argv = [*wrapper, python, "-I", "-S", "-c", BOOTSTRAP, launcher_py]
-        else:
-            argv = [*wrapper, python, "-I", "-S", launcher_py]
-        argv += [str(theirs.fileno()), str(spawn_theirs.fileno()), *([listen] if listen else [])]
-        try:
-            # Popen from the trio thread, not trio.lowlevel.open_process: bwrap's
-            # --die-with-parent fires when the *thread* that forked it exits, and trio's
-            # worker threads are retired when idle.
-            proc = subprocess.Popen(
-                argv, pass_fds=(theirs.fileno(), spawn_theirs.fileno()), start_new_session=True,
-                env=env, cwd=cwd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=errfile)
-        except OSError as e:
-            ours.close()
-            spawn_ours.close()
-            errfile.close()
-            raise LauncherError(f"cannot start the sandbox launcher ({argv[0]}): {e.strerror}; "
-                                f"check that it is installed and the cwd {cwd!r} exists") from None
-        finally:
-            # The launcher's side holds the only copies: its exit gives us EOF.
-            theirs.close()
-            spawn_theirs.close()
-            if stdin != subprocess.DEVNULL:
-                os.close(stdin)
+        with ChildFds() as fds:  # the launcher's side holds the only copies: EOF at its exit
+            ours, theirs = fds.socketpair(socket.SOCK_SEQPACKET)
+            spawn_ours, spawn_theirs = fds.socketpair(socket.SOCK_SEQPACKET)
+            errfile = fds.ours(tempfile.TemporaryFile(prefix="toolsd-launcher-", suffix=".err"))
+            stdin = subprocess.DEVNULL
+            if python == sys.executable and launcher_py == LAUNCHER_PY:
+                # Our own interpreter, so our own marshal format.
+                stdin = fds.child(code_file(launcher_code(launcher_py)))
+                argv = [*wrapper, python, "-I", "-S", "-c", BOOTSTRAP, launcher_py]
+            else:
+                argv = [*wrapper, python, "-I", "-S", launcher_py]
+            argv += [str(theirs.fileno()), str(spawn_theirs.fileno()),
+                     *([listen] if listen else [])]
+            try:
+                # Popen from the trio thread, not trio.lowlevel.open_process: bwrap's
+                # --die-with-parent fires when the *thread* that forked it exits, and trio's
+                # worker threads are retired when idle.
+                proc = subprocess.Popen(
+                    argv, pass_fds=(theirs.fileno(), spawn_theirs.fileno()),
+                    start_new_session=True, env=env, cwd=cwd, stdin=stdin,
+                    stdout=subprocess.DEVNULL, stderr=errfile)
+            except OSError as e:
+                raise LauncherError(f"cannot start the sandbox launcher ({argv[0]}): "
+                                    f"{e.strerror}; check that it is installed and the cwd "
+                                    f"{cwd!r} exists") from None
         self = cls(proc, errfile, launcher_py)
         # bwrap's --as-pid-1 (policy.py): the launcher is the pid namespace's init.
         self.launcher_is_init = "--as-pid-1" in wrapper

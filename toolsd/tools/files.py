@@ -46,7 +46,7 @@ async def call(session: SessionView, meta: dict, data: bytes = b"", **options) -
     """One request to the session's file helper (started on first use)."""
     session.check_open()
     try:
-        return await session.files.call(session.launcher, session.start_soon, meta, data,
+        return await session.files.call(session.sandbox.launcher, session.start_soon, meta, data,
                                         **options)
     except LauncherError as e:
         raise ToolsdError(SESSION_CLOSED, f"session {session.id}'s sandbox is gone ({e}); open "

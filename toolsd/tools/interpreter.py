@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from toolsd.runtime.child_fds import ChildFds
 from toolsd.runtime.states import States
 from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_with_pipe
 from toolsd.tools.sentinel import Sentinel, SentinelScanner
@@ -115,20 +116,12 @@ class Interpreter:
 
     @classmethod
     async def start(cls, session, argv: list[str], idle_sink) -> Interpreter:
-        cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
-        intr_r, intr_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         oom_kills = session.oom_kills()
-        try:
-            job, read_fd = await spawn_with_pipe(session, argv, cwd=session.workspace,
+        with ChildFds() as fds:  # the interpreter holds the only copies: EPIPE at its exit
+            cmd_r, cmd_w = fds.pipe_in()
+            intr_r, intr_w = fds.pipe_in(os.O_NONBLOCK)
+            job, read_fd = await spawn_with_pipe(session.sandbox, argv, cwd=session.workspace,
                                                  env=session.env, extra_fds=[cmd_r, intr_r])
-        except BaseException:
-            os.close(cmd_w)
-            os.close(intr_w)
-            raise
-        finally:
-            # The interpreter holds the only copies: its exit gives EPIPE.
-            os.close(cmd_r)
-            os.close(intr_r)
         self = cls(job, cmd_w, intr_w, idle_sink)
         # Whether the session met its memory limit while this interpreter lived.
         self.out_of_memory = functools.partial(session.memory_limit_hit, oom_kills)

@@ -152,7 +152,7 @@ class Forward:
         """A stream to the port inside: 127.0.0.1, then ::1 if that refused."""
         for family in (4, 6):
             try:
-                fd = await self.session.launcher.connect(self.port, family)
+                fd = await self.session.sandbox.launcher.connect(self.port, family)
             except ConnectFailed as e:
                 if e.errno == errno.ECONNREFUSED and family == 4:
                     continue

@@ -14,6 +14,7 @@ import msgspec
 import trio
 
 from toolsd.runtime import threads
+from toolsd.runtime.child_fds import ChildFds
 from toolsd.sandbox.errors import SandboxError
 from toolsd.sandbox.jobs import signal_name, spawn_shell
 from toolsd.tools.background import CPU_THREADS, BackgroundProcess, remove_log
@@ -76,7 +77,7 @@ async def start(table: ProcessTable, session: SessionView,
         raise ToolsdError(SESSION_CLOSED, f"session {session.id} is not running; open a new one")
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
-    _shell_name, _shell_path = session.shell  # none in the sandbox: refused before an id is taken
+    _shell_name, shell_path = session.sandbox.shell  # none in the sandbox: refused before an id is taken
     live = sum(1 for bg in table.of(session.id).values() if not bg.finished.is_set())
     if live >= MAX_LIVE_PER_SESSION:
         raise ToolsdError(LIMIT_EXCEEDED, f"process.start: session {session.id} already has "
@@ -95,29 +96,26 @@ async def start(table: ProcessTable, session: SessionView,
     if p.tty:
         options["tty"] = (p.cols, p.rows)
         env = terminal_env(env, p.env)
-    elif p.stdin == "pipe":
-        source, options["stdin"] = ProcessInput.pipe(process_id)
     try:
-        job, read_fd = await spawn_shell(session, p.command, cwd=cwd, env=env, **options)
-        if p.tty:
-            # Our own copy for writes: the pump closes read_fd at the terminal's end.
-            source = ProcessInput(process_id, os.dup(read_fd), terminal=True)
+        with ChildFds() as fds:  # the command's stdin is its own copy once it runs
+            if p.stdin == "pipe" and not p.tty:
+                source, stdin = ProcessInput.pipe(process_id)
+                fds.ours(source)
+                options["stdin"] = fds.child(stdin)
+            job, read_fd = await spawn_shell(session.sandbox, shell_path, p.command, cwd=cwd,
+                                             env=env, **options)
+            if p.tty:
+                # Our own copy for writes: the pump closes read_fd at the terminal's end.
+                source = fds.ours(ProcessInput(process_id, os.dup(read_fd), terminal=True))
     except (ToolsdError, SandboxError):
-        if source is not None:
-            source.close()
         remove_log(log_file, process_id)
         # The session may have closed while we spawned (its launcher's refusal then reads
         # like a bad command): say what really happened.
         session.check_open()
         raise
     except BaseException:
-        if source is not None:
-            source.close()
         remove_log(log_file, process_id)
         raise
-    finally:
-        if "stdin" in options:
-            os.close(options["stdin"])  # the command's end: it has its own copy now
     if session.closed:
         # Closed while we spawned: its sandbox ends the command; nobody would watch it here.
         os.close(read_fd)

@@ -107,10 +107,10 @@ async def execute(session: SessionView, p: ReplExecParams,
     turn = session.turns.get(p.turn, session.id)
     repl = turn.repl(p.language)
     if repl is None:
-        argv = interpreter_argv(session.launcher.ready, p.language)
+        argv = interpreter_argv(session.sandbox.launcher.ready, p.language)
         if p.language == "python":
             argv.append(posixpath.join(session.spills.visible, FIGURES_FOLDER))
-            if session.launcher.ready.python3:
+            if session.sandbox.launcher.ready.python3:
                 argv[0] = await python_executable(session, argv[0])
         # Another call may have made it meanwhile: then that one is the turn's.
         repl = turn.repl_for(p.language,
@@ -133,7 +133,7 @@ async def python_executable(session: SessionView, python3: str) -> str:
     starts a fresh interpreter. Asked in the workspace, as version files there may pick it."""
     if session.python_exe is None:
         job, read_fd = await spawn_with_pipe(
-            session, [python3, "-c", "import sys; print(sys.executable)"],
+            session.sandbox, [python3, "-c", "import sys; print(sys.executable)"],
             cwd=session.workspace, env=session.env)
         out = bytearray()
         with trio.move_on_after(30):

@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 
     from toolsd.sandbox.file_helper import FileHelper
     from toolsd.sandbox.job import Job
-    from toolsd.sandbox.launcher import Launcher
     from toolsd.sandbox.policy import Limits
     from toolsd.sandbox.repositories import RepositoryWatch
+    from toolsd.sandbox.session_sandbox import Sandbox
     from toolsd.tools.background import BackgroundProcess
     from toolsd.tools.host import Host
     from toolsd.tools.repl_turns import ReplTurns
@@ -28,9 +28,8 @@ class SessionView(Protocol):
     workspace: str
     env: dict[str, str]  # the sandbox's environment, for what a tool starts itself
     limits: Limits
-    rlimits: dict[str, int]  # per process, as the launcher names them
     home_is_own: bool  # the session has its own home (and $GIT_CONFIG_GLOBAL)
-    launcher: Launcher | None  # None until the sandbox runs
+    sandbox: Sandbox  # what every command starts in: its launcher, shell, spawn
     nursery: trio.Nursery | None  # the session's tasks; None until it runs
     spills: Spills
     repositories: RepositoryWatch  # host_exec: every spawn waits for its baseline
@@ -44,10 +43,6 @@ class SessionView(Protocol):
     @property
     def processes(self) -> Mapping[str, BackgroundProcess]:
         """Its background processes by id, in start order."""
-
-    @property
-    def shell(self) -> tuple[str, str]:
-        """(name, path) of the sandbox's shell; ToolsdError if it has none."""
 
     def check_open(self) -> None:
         """ToolsdError (session_closed, saying why) unless the session can run calls."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from toolsd.runtime.child_fds import ChildFds
 from toolsd.tools.live import LiveOutput, sending
 from toolsd.tools.output import HeadTail
 from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_shell
@@ -72,22 +73,15 @@ async def run(session: SessionView, p: ShellRunParams, answer: Answer) -> ShellR
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
     oom_kills = session.oom_kills()
-    shell_name, _shell_path = session.shell
+    shell_name, shell_path = session.sandbox.shell
     started = time.monotonic()
     command, cwd_fds = p.command, None
-    if p.report_cwd:
-        command, cwd_fds = CWD_TRAP + p.command, os.pipe2(os.O_CLOEXEC)
-    try:
+    with ChildFds() as fds:  # the shell has the only copy of its end: EOF at its tree's end
+        if p.report_cwd:
+            command, cwd_fds = CWD_TRAP + p.command, fds.pipe()
         job, read_fd = await spawn_shell(
-            session, command, cwd=cwd, env=env, want_pid=False, held=True,
+            session.sandbox, shell_path, command, cwd=cwd, env=env, want_pid=False, held=True,
             extra_fds=cwd_fds[1:] if cwd_fds else ())
-    except BaseException:
-        if cwd_fds:
-            os.close(cwd_fds[0])
-        raise
-    finally:
-        if cwd_fds:
-            os.close(cwd_fds[1])  # the shell has the only copy: its tree's end gives EOF
     spill = session.spills.start(p.max_output_chars) if p.spill else None
     live = LiveOutput(answer.emit) if p.stream else None
     try:
@@ -158,7 +152,7 @@ async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParam
     if job.lost and not timed_out:
         # Its exit will never be known: the sandbox ended under it.
         raise ToolsdError(SESSION_CLOSED, f"session {session.id}'s sandbox ended while the "
-                          f"command ran ({session.launcher.death_reason()}); open a new "
+                          f"command ran ({session.sandbox.launcher.death_reason()}); open a new "
                           f"session")
     notes = (session.memory_note(oom_kills),
              git_config_notice(out.result()[0], global_config=session.home_is_own))

@@ -28,7 +28,7 @@ async def read(session: SessionView, path: str) -> bytes | None:
     helper = session.files
     if not helper.running:
         try:
-            helper.start_in_background(session.launcher, session.start_soon)
+            helper.start_in_background(session.sandbox.launcher, session.start_soon)
         except (ToolsdError, SandboxError):
             pass  # the session is closing: the reader process says so
         return None

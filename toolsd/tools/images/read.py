@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 import trio
 
 from toolsd.runtime import threads
+from toolsd.runtime.child_fds import ChildFds
 from toolsd.runtime.fdio import READ_SIZE
 from toolsd.sandbox import jobs
 from toolsd.sandbox.errors import Fault
+from toolsd.sandbox.spawn_request import SpawnRequest
 from toolsd.tools.images import helper_read
 from toolsd.tools.images.fit import ImageTooLarge, NotAnImage, fit_image
 from toolsd.wire.protocol import (
@@ -119,7 +121,7 @@ async def read(session: SessionView, p: ImageReadParams) -> ImageReadResult:
 async def _read_in_sandbox(session: SessionView, path: str) -> bytes:
     """The bytes of `path` read by `head` inside the session's sandbox, at most READ_CAP.
     stdout and stderr get separate pipes, so an error text is never taken for file data."""
-    ready = session.launcher.ready
+    ready = session.sandbox.launcher.ready
     sh = ready.sh or ready.bash
     if not sh:
         raise ToolsdError(SANDBOX_UNAVAILABLE, "the sandbox has no sh to read files with")
@@ -127,22 +129,14 @@ async def _read_in_sandbox(session: SessionView, path: str) -> bytes:
     if not path.startswith("/"):
         path = "./" + path  # so that "-" is a file named "-", not head's standard input
     argv = [sh, "-c", _READ_SCRIPT, "toolsd-image-read", str(READ_CAP + 1), path]
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    devnull = jobs.open_devnull()
-    try:
-        job = await jobs.spawn(session, argv, cwd=session.workspace, env=env, stdin=devnull,
-                               stdout=out_w, stderr=err_w, want_pid=False,
-                               what=f"a reader for {path}", fault=Fault.IO)
-    except BaseException:
-        os.close(out_r)
-        os.close(err_r)
-        raise
-    finally:
-        # The child holds the only copies of its ends now: its exit gives us EOF.
-        os.close(out_w)
-        os.close(err_w)
-        os.close(devnull)
+    with ChildFds() as fds:  # the child holds the only copies of its ends: EOF at its exit
+        out_r, out_w = fds.pipe()
+        err_r, err_w = fds.pipe()
+        devnull = fds.child(jobs.open_devnull())
+        job = await session.sandbox.spawn(
+            SpawnRequest(argv, session.workspace, env, stdin=devnull, stdout=out_w,
+                         stderr=err_w, want_pid=False),
+            what=f"a reader for {path}", fault=Fault.IO)
 
     out = trio.lowlevel.FdStream(out_r)
     err = trio.lowlevel.FdStream(err_r)
