@@ -11,7 +11,7 @@
 #     exit_message_of_status, tell, run_job, wait_release, set_policy
 #   run_shim: a shim's body, job after job
 #   Shim: the launcher's hold on one forked shim
-#   Launcher: fork_shim, promote, refill, replace_reader, read_words, reap, kill_orphans,
+#   SandboxInit: fork_shim, promote, refill, replace_reader, read_words, reap, kill_orphans,
 #     serve_waiting_request, serve
 #   main
 """The launcher: first process of a toolsd sandbox. Standard library only; run as
@@ -44,7 +44,7 @@ CPU than the command `true` itself, so a fork happens only when no idle shim is 
 The reader is the only process reading the spawn channel, so a spawn wakes one process, the
 one that runs it: no fork and no relay on its critical path. The reader peeks at the next
 request, writes its job number to memory it shares with the launcher, receives the request and
-says "took" once the command runs; a standby then becomes the reader (see Launcher for when
+says "took" once the command runs; a standby then becomes the reader (see SandboxInit for when
 forks happen). A reader killed before writing the job number leaves the request queued for the
 next reader; one killed later, before it started the command, is reported as an "unstarted"
 error for that job by the launcher (the daemon sends the request again, as a new job), and later
@@ -68,7 +68,7 @@ Signals from the session's code: in bwrap the launcher is pid 1 of the pid names
 gets no signal from inside that it does not handle, and it handles only SIGCHLD. It and its
 shims ignore every signal that can be ignored; the commands get the defaults back. A shim
 stopped by SIGSTOP is resumed by the launcher (waitpid reports the stop to its parent); a shim
-killed with SIGKILL is replaced, and the job it ran ends (see Launcher.reap). The names in
+killed with SIGKILL is replaced, and the job it ran ends (see SandboxInit.reap). The names in
 `ps` (and the command line's first word) are toolsd-init and toolsd-shim, not the
 interpreter's, so that `pkill -9 -f python` passes them by.
 """
@@ -112,7 +112,7 @@ SIGCHLD, SIGCONT, SIGKILL = _signal.SIGCHLD, _signal.SIGCONT, _signal.SIGKILL
 # Every signal that would end or stop a process by default, less the two nobody can ignore:
 # the launcher and its shims ignore them all, so that what the session's code sends to
 # everything (pkill, killall, kill -TERM -1) cannot end the sandbox's machinery (SIGKILL and
-# SIGSTOP: see Launcher.reap). SIGCHLD and SIGCONT keep their meaning.
+# SIGSTOP: see SandboxInit.reap). SIGCHLD and SIGCONT keep their meaning.
 IGNORED_SIGNALS = tuple(sorted(
     set(_signal.valid_signals()) - {SIGKILL, _signal.SIGSTOP, SIGCHLD, SIGCONT,
                                     _signal.SIGURG, _signal.SIGWINCH}))
@@ -889,7 +889,7 @@ class Shim:
 MAX_STANDBYS = 2
 
 
-class Launcher:
+class SandboxInit:
     """Keeps a reader, the only process reading the spawn channel, and standbys waiting to be
     told "go". When the reader takes a job a standby becomes the reader at once (a message, no
     fork), and a shim whose job is over becomes a standby. A fork happens when there is no
@@ -1302,7 +1302,7 @@ def main():
     if listen is not None:
         listen_inside(host, listen[len("listen="):])
     try:
-        Launcher(host, spawn).serve()
+        SandboxInit(host, spawn).serve()
     except Tampered as e:
         print("launcher: %s" % e, file=sys.stderr)
     finally:

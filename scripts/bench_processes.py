@@ -26,7 +26,7 @@ import trio  # noqa: E402
 
 from toolsd.client import Client  # noqa: E402
 from toolsd.sandbox import proctree  # noqa: E402
-from toolsd.sandbox.launcher import Launcher  # noqa: E402
+from toolsd.sandbox.launcher_client import Launcher  # noqa: E402
 
 TREE_SIZE = 200
 STOP_RUNS = 5

@@ -10,8 +10,8 @@ import sys
 import psutil
 import trio
 
-from toolsd.sandbox.jobs import spawn_with_pipe
-from toolsd.sandbox.launcher import Launcher
+from toolsd.sandbox.spawning import spawn_with_pipe
+from toolsd.sandbox.launcher_client import Launcher
 from toolsd.sandbox.session_policy import own_files_under_tmp
 
 BWRAP = shutil.which("bwrap")

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from toolsd.sandbox.job import Job
-from toolsd.tools.background import BackgroundProcess, ProcessState
+from toolsd.tools.background_process import BackgroundProcess, ProcessState
 from toolsd.tools.capped_log import CappedLog
 
 

@@ -21,7 +21,7 @@ import trio.testing
 from _launchers import BWRAP, ENV, PY, bwrap_prefix, read_all, spawn_piped, tree_pids
 from conftest import assert_gone
 from toolsd.sandbox.channel import Started
-from toolsd.sandbox.launcher import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
+from toolsd.sandbox.launcher_client import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
 from toolsd.sandbox.spawn_request import SpawnRequest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -295,7 +295,7 @@ async def shim_comes_back(launcher, shim_pid):
 
 
 async def test_a_held_job_keeps_its_shim_until_let_go(launcher):
-    # shell.run answers first and lets its shim go after (toolsd/tools/calls.py).
+    # shell.run answers first and lets its shim go after (toolsd/tools/answers.py).
     job, read_fd = await spawn_piped(launcher, ["true"], held=True, want_pid=False)
     os.close(read_fd)
     await job.done.wait()
@@ -438,7 +438,7 @@ async def test_aclose_leaves_no_process_of_the_sandbox(nursery, wrapper):
 
 DAEMON_SCRIPT = textwrap.dedent("""
     import json, os, sys, trio
-    from toolsd.sandbox.launcher import Launcher
+    from toolsd.sandbox.launcher_client import Launcher
     from toolsd.sandbox.spawn_request import SpawnRequest
 
     async def main():

@@ -272,3 +272,38 @@ def test_every_module_imports_on_its_own():
                          cwd=ROOT, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "", out.stdout
+
+
+# Folders whose modules mirror the contract's names on purpose (wire/files.py holds the
+# shapes of the file.* methods tools/files.py carries out; cli/serve.py is `toolsd serve`).
+MIRRORS = ("toolsd/wire/", "toolsd/cli/")
+
+
+def _names_used_twice(paths, name_of) -> dict[str, list[str]]:
+    where: dict[str, list[str]] = {}
+    for path in paths:
+        for name in name_of(path):
+            where.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    return {name: places for name, places in where.items() if len(places) > 1}
+
+
+def _classes(path: pathlib.Path) -> list[str]:
+    return [node.name for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ClassDef)]
+
+
+def test_no_two_classes_share_a_name():
+    # Two `Launcher`s (the daemon's handle, the sandbox's init) or two `Repl`s make every
+    # reader of a trace or a test ask which one is meant.
+    twice = _names_used_twice(python_files("toolsd/**/*.py", "driver/*.py"), _classes)
+    assert twice == {}, "\n".join(f"class {n}: {', '.join(p)}" for n, p in twice.items())
+
+
+def test_no_two_modules_share_a_name():
+    # job.py next to jobs.py, two launcher.py, two relay.py: a name that says the job once.
+    paths = [p for p in python_files("toolsd/**/*.py", "driver/*.py")
+             if p.name != "__init__.py"
+             and not str(p.relative_to(ROOT)).startswith(MIRRORS)]
+    # A plural counts as its singular: jobs.py was the spawning of job.py's Job.
+    twice = _names_used_twice(paths, lambda p: [p.stem.removesuffix("s")])
+    assert twice == {}, "\n".join(f"{n}.py: {', '.join(p)}" for n, p in twice.items())

@@ -158,7 +158,7 @@ def test_head_tail_is_within_budget_and_faithful(chunks, max_chars):
     limit=st.integers(min_value=16, max_value=64),
 )
 def test_event_pieces_are_bounded_and_join_to_the_rendered_stream(chunks, limit):
-    """As a live stream cuts it (tools/live.py): whatever the arrivals, each piece is at most
+    """As a live stream cuts it (tools/live_output.py): whatever the arrivals, each piece is at most
     `limit` bytes of UTF-8, no character is split, and the pieces are `render` of it all."""
     pending, pieces = b"", []
     for n, chunk in enumerate(chunks):

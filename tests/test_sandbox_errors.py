@@ -6,7 +6,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from toolsd.sandbox import file_helper
+from toolsd.sandbox import file_helper_client
 from toolsd.sandbox.errors import Fault, SandboxError
 from toolsd.tools.wire_errors import as_wire
 from toolsd.wire import errors as wire_errors
@@ -32,7 +32,7 @@ def test_every_code_the_file_helper_replies_with_has_its_fault():
         said |= set(re.findall(r'FileError\(\s*"([a-z_]+)"', path.read_text()))
         said |= set(re.findall(r'"code": "([a-z_]+)"', path.read_text()))
     assert said, "the scan found none of the helper's error codes"
-    assert said <= set(file_helper._FAULTS), said - set(file_helper._FAULTS)
+    assert said <= set(file_helper_client._FAULTS), said - set(file_helper_client._FAULTS)
     # ...and each keeps the code it had on the wire before the sandbox had its own errors.
-    for code, fault in file_helper._FAULTS.items():
+    for code, fault in file_helper_client._FAULTS.items():
         assert as_wire(SandboxError(fault, "x")).code == code

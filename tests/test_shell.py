@@ -36,7 +36,7 @@ def test_bash_syntax_runs_in_bash(client, session):
 
 
 def test_commands_one_after_another_reuse_the_shims(daemon, client, session):
-    # Each shell.run's shim is let go once the answer is out (toolsd/tools/calls.py); one never
+    # Each shell.run's shim is let go once the answer is out (toolsd/tools/answers.py); one never
     # let go would stay, and every command after would need a new one.
     for _ in range(15):
         assert client.shell_run(session, "true")["exit_code"] == 0

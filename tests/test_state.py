@@ -6,13 +6,13 @@ import os
 import subprocess
 import sys
 
-from toolsd.daemon.state import ID_BLOCK, StateDir
+from toolsd.daemon.state_folder import ID_BLOCK, StateDir
 
 
 def take_ids(folder: str, name: str, count: int, *, clean: bool) -> list[int]:
     """Ids taken by another process (a daemon) that then stops cleanly or dies."""
     code = (f"import os, sys; sys.path.insert(0, {os.getcwd()!r})\n"
-            f"from toolsd.daemon.state import StateDir\n"
+            f"from toolsd.daemon.state_folder import StateDir\n"
             f"s = StateDir({folder!r})\n"
             f"print(*[s.next_id({name!r}) for _ in range({count})], flush=True)\n"
             f"{'s.close()' if clean else 'os._exit(0)  # SIGKILL, power loss'}\n")

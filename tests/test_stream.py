@@ -18,7 +18,7 @@ import trio
 from conftest import wait_for, wait_gone
 from test_protocol_bad_input import frame, raw_connect, read_frame
 from toolsd.client import AsyncClient, ToolsdError
-from toolsd.tools.live import RELEASED_BYTES, Flow, LiveOutput, sending
+from toolsd.tools.live_output import RELEASED_BYTES, Flow, LiveOutput, sending
 from toolsd.tools.output import render
 from toolsd.wire.events import EVENT_MAX_BYTES
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from _launchers import BWRAP, ENV, bwrap_prefix
 from toolsd.sandbox.errors import Fault, SandboxError
-from toolsd.sandbox.jobs import open_devnull
+from toolsd.sandbox.spawning import open_devnull
 from toolsd.sandbox.session_sandbox import Sandbox, SandboxSpec
 from toolsd.sandbox.spawn_request import SpawnRequest
 from toolsd.sandbox.policy import Limits

@@ -8,7 +8,7 @@ import os
 import struct
 
 from toolsd.tools.plain_text import strip_escapes
-from toolsd.tools.waiting import (
+from toolsd.tools.input_wait_rules import (
     ProcessView,
     blocked_call,
     epoll_read_fds,

@@ -69,7 +69,7 @@ def cmd_exec(args) -> int:
         finally:
             if not kept:
                 c.session_close(session)
-    # Streamed, the output ended with the same notices as `output` (tools/live.py).
+    # Streamed, the output ended with the same notices as `output` (tools/live_output.py).
     shown = printed[0] if live else result["output"]
     if not live:
         sys.stdout.write(shown)

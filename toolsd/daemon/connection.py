@@ -1,5 +1,5 @@
 """One client's connection: read frames, run each request in its own task (or none, for a
-method that can: tools.calls.Detached, and a row that says `instant`, answered at once),
+method that can: tools.answers.Detached, and a row that says `instant`, answered at once),
 answer through one send lock per connection.
 
 Resource handling: serve.py's `serve()` owns the listening socket and every connection; a
@@ -202,7 +202,7 @@ class Connection:
 
     def _cancel_all(self) -> None:
         """The connection is closing: every request in flight is cancelled; those without a
-        task get one, which undoes what they started (tools.calls.Detached)."""
+        task get one, which undoes what they started (tools.answers.Detached)."""
         self._nursery.cancel_scope.cancel()
         self.requests.cancel_all()
 

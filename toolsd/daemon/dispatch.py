@@ -7,7 +7,7 @@ given first (the Supervisor, the session `params.session` names, or the process
 session or one of its processes runs inside `session.call()`, which keeps the session from
 counting as idle, and its result is `session.reported()`; the listings (session.list,
 process.list) are looks from outside and do neither. `call` (a `Call`) carries the
-Supervisor, the request's tools.calls.Answer and the caller's tenant. A handler returns a
+Supervisor, the request's tools.answers.Answer and the caller's tenant. A handler returns a
 result Struct and raises ToolsdError for a reply with an error code. `cancel` is the
 connection's own (it is about the connection, not the sessions).
 
@@ -31,7 +31,7 @@ from toolsd.daemon import file_methods as fm
 from toolsd.daemon.tenants import LOCAL, Scope, check, visible
 from toolsd.tools import images, processes, repl, shell
 from toolsd.wire import files as fw
-from toolsd.tools.calls import Answer, Detached
+from toolsd.tools.answers import Answer, Detached
 from toolsd.wire.egress import SessionNetworkParams, SessionNetworkResult
 from toolsd.wire.ports import (
     PortCloseParams,
@@ -80,7 +80,7 @@ from toolsd.wire.protocol import (
 if TYPE_CHECKING:
     from toolsd.daemon.session import Session
     from toolsd.daemon.supervisor import Supervisor
-    from toolsd.tools.background import BackgroundProcess
+    from toolsd.tools.background_process import BackgroundProcess
 
 __all__ = ["METHODS", "Method", "On", "Call", "CancelParams", "decode"]
 

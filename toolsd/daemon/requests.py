@@ -3,7 +3,7 @@
 Invariant: every admitted request holds one of `limit` slots from the frame that brought it
 until its answer's frame is written (or dropped because the connection is closing). At each
 moment exactly one party owns it: the task that runs it (TASK), or, for a request started
-without a task, its Entry as the tools.calls.Detached the tool answers through (DETACHED);
+without a task, its Entry as the tools.answers.Detached the tool answers through (DETACHED);
 once answered, the write of its answer (WRITING). The slot comes back once, in `release`, on
 the move WRITING -> RELEASED. A request can be cancelled (found by id) while it is TASK or
 DETACHED, and only if it was registered: `cancel` requests and a repeated id are not.
@@ -43,8 +43,8 @@ _MOVES = {
 
 
 class Entry:
-    """One admitted request. It is what its handler gets as its tools.calls.Answer, and, for
-    a request started without a task, as its tools.calls.Detached."""
+    """One admitted request. It is what its handler gets as its tools.answers.Answer, and, for
+    a request started without a task, as its tools.answers.Detached."""
 
     __slots__ = ("request", "scope", "state", "registered", "rest", "method", "params",
                  "_after", "_table")
@@ -55,7 +55,7 @@ class Entry:
         # Only a registered request can be cancelled; the others answer at once.
         self.scope: trio.CancelScope | None = trio.CancelScope() if registered else None
         self.state = State.TASK
-        # A detached request's rest, in a task (tools.calls.Detached.rest).
+        # A detached request's rest, in a task (tools.answers.Detached.rest).
         self.rest: Callable[[], Awaitable[object]] | None = None
         # Its dispatch row, looked up once by the connection (None: no such method), and its
         # params once admitted (decoded once, however it is then run).
@@ -64,7 +64,7 @@ class Entry:
         self._after: list[Callable[[], None]] = []
         self._table = table
 
-    # ------------------------------------------------------------ tools.calls.Answer
+    # ------------------------------------------------------------ tools.answers.Answer
 
     def after(self, fn: Callable[[], None]) -> None:
         self._after.append(fn)
@@ -89,7 +89,7 @@ class Entry:
             except Exception:
                 log.exception("work after the answer to request %s failed", self.request.id)
 
-    # ------------------------------------------------------------ tools.calls.Detached
+    # ------------------------------------------------------------ tools.answers.Detached
 
     def finish(self, result: object) -> bool:
         if self.state is not State.DETACHED:
@@ -112,7 +112,7 @@ class RequestTable:
         self.taken = 0
         self._start_task = start_task  # run `entry` (its rest, if it has one) in a task
         self.deliver = deliver  # write a detached request's answer; release once written
-        self.send_event = send_event  # write one event of a request (tools.calls.Answer.emit)
+        self.send_event = send_event  # write one event of a request (tools.answers.Answer.emit)
         self._registered: dict[int, Entry] = {}
 
     def admit(self, request: Request) -> Entry | None:

@@ -24,7 +24,7 @@ import trio
 
 from toolsd.daemon.connection import Connection
 from toolsd.daemon.workspaces import check_work_root  # noqa: F401  (for cli/serve.py)
-from toolsd.daemon.state import StateInUse, ensure_private_dir
+from toolsd.daemon.state_folder import StateInUse, ensure_private_dir
 from toolsd.daemon.supervisor import Config, Supervisor
 from toolsd.sandbox import home
 from toolsd.sandbox import inotify

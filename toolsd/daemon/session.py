@@ -21,7 +21,7 @@ from toolsd.daemon.activity import Activity
 from toolsd.daemon.session_life import MOVES, SessionLife, refusal
 from toolsd.daemon.egress import session_network
 from toolsd.daemon.session_memory import MemoryNotes
-from toolsd.sandbox import file_helper
+from toolsd.sandbox import file_helper_client
 from toolsd.sandbox.errors import SandboxError
 from toolsd.sandbox.repositories import RepositoryWatch
 from toolsd.sandbox.policy import Limits, check_env_size, sandbox_env, validate_env
@@ -50,7 +50,7 @@ from toolsd.tools.spill import Spills
 if TYPE_CHECKING:
     from toolsd.daemon.supervisor import Supervisor
     from toolsd.sandbox.job import Job
-    from toolsd.tools.background import BackgroundProcess
+    from toolsd.tools.background_process import BackgroundProcess
 
 log = logging.getLogger("toolsd.session")
 
@@ -132,7 +132,8 @@ class Session(MemoryNotes):
             home_dir=self.home_dir if self.home_is_own else None,
             cgroup_places=host.cgroup_places, listen=self.net.listen),
             starts_after=self.repositories.known)  # no command before the baseline
-        self.files = file_helper.FileHelper.of_session(self)  # file.*'s, started on first use
+        # file.*'s helper, started on first use.
+        self.files = file_helper_client.FileHelper.of_session(self)
 
     # ------------------------------------------------------------ lifecycle
 

@@ -23,7 +23,7 @@ from toolsd.daemon import workspaces
 from toolsd.daemon.egress import EgressHost
 from toolsd.daemon.session import Session
 from toolsd.daemon.spares import SparePool
-from toolsd.daemon.state import StateDir
+from toolsd.daemon.state_folder import StateDir
 from toolsd.daemon.tenants import LOCAL
 from toolsd.sandbox import cgroups
 from toolsd.sandbox.policy import Limits

@@ -3,7 +3,7 @@ contract's error replies in one place (toolsd/tools/wire_errors.py).
 
     SandboxError           what a caller asked of a sandbox failed; `fault` says how, the
                            message (for users) says what happened and what to do
-    LauncherError          a start or spawn through the launcher failed (jobs.py rewords it
+    LauncherError          a start or spawn through the launcher failed (Sandbox.spawn rewords it
      +-- LauncherLimit     as a SandboxError); a resource limit of the session refused it
      +-- LauncherDied      the launcher is gone; nothing more can be spawned or reported
 """

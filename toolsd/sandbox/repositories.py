@@ -16,7 +16,7 @@ log = logging.getLogger("toolsd.session")
 class RepositoryWatch:
     """Resource handling: owns the Tracker (none for a read-only workspace, where the session
     can add nothing); `aclose()` closes it. `known` is set once the baseline is taken:
-    commands may start (jobs.spawn waits for it)."""
+    commands may start (Sandbox.spawn waits for it)."""
 
     def __init__(self, workspace: str, writable: bool, session_id: str):
         self.tracker = hostexec.Tracker(workspace) if writable else None

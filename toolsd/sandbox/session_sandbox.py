@@ -22,7 +22,7 @@ from toolsd.sandbox import cgroups, home
 from toolsd.sandbox.errors import Fault, LauncherDied, LauncherError, LauncherLimit, SandboxError
 from toolsd.sandbox.guards import MountGuard
 from toolsd.sandbox.job import Job
-from toolsd.sandbox.launcher import Launcher
+from toolsd.sandbox.launcher_client import Launcher
 from toolsd.sandbox.policy import Limits, Policy, bwrap_argv
 from toolsd.sandbox.spawn_request import SpawnRequest
 

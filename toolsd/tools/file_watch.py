@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from toolsd.sandbox.errors import SandboxError
-from toolsd.tools.calls import Answer
+from toolsd.tools.answers import Answer
 from toolsd.tools.files import call, check_path
 from toolsd.wire.files import FileWatchParams, FileWatchResult, encode_file_event
 from toolsd.wire.protocol import BAD_PARAMS, SESSION_CLOSED, ToolsdError

@@ -1,5 +1,5 @@
 """file.read, file.write, file.list, file.stat, file.mkdir, file.remove, file.rename: done by
-the session's file helper inside its sandbox (sandbox/file_helper.py, driver/file_helper.py),
+the session's file helper inside its sandbox (sandbox/file_helper_client.py, driver/file_helper.py),
 so that each sees and may touch exactly what the session's own commands do."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`waiting_for_input` of a background process: read what the kernel says about the processes
-that would read its input (waiting.py decides). Blocking /proc reads: call `waiting` and
-`switches_now`, which run them in a worker thread.
+that would read its input (input_wait_rules.py decides). Blocking /proc reads: call
+`waiting` and `switches_now`, which run them in a worker thread.
 
 Who could read the input: on a terminal, the processes of the tree in the terminal's
 foreground process group (what a shell's job control lets read it); on a pipe, every process
@@ -19,7 +19,7 @@ import trio
 
 from toolsd.runtime import threads
 from toolsd.sandbox import proctree
-from toolsd.tools.waiting import (
+from toolsd.tools.input_wait_rules import (
     MAX_WATCHED,
     ProcessView,
     blocked_call,
@@ -102,7 +102,7 @@ def _look(shim_pid: int, fd: int, terminal: bool, full: bool = True, *, first: i
     """Views of the processes below `shim_pid` that could read the input `fd` (our end).
     With `first` (the command's pid; on a terminal its foreground group's leader is taken
     instead) and `full`: that process alone first, and no walk of the tree when it shows the
-    wait by itself (waiting.waits_alone). `tree`: the last look's, reused while no process
+    wait by itself (input_wait_rules.waits_alone). `tree`: the last look's, reused while no process
     was made since."""
     try:
         if terminal:

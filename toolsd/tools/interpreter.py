@@ -14,7 +14,7 @@ import trio
 
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.runtime.states import States
-from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_with_pipe
+from toolsd.sandbox.spawning import end_tree, pump, signal_name, spawn_with_pipe
 from toolsd.tools.sentinel import Sentinel, SentinelScanner
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class Interpreter:
         self._next_sink = idle_sink  # its output's, once all of it is sent
         self._idle_sink = idle_sink
         self._sink = idle_sink
-        # The wait of a streaming request's sink for room (tools/live.py), as for the sink.
+        # The wait of a streaming request's sink for room (tools/live_output.py), as for the sink.
         self._next_room = None
         self._room = None
         self._wake = trio.Event()

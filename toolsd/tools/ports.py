@@ -1,7 +1,7 @@
 """port.forward / port.close (protocol 1.2 "ports"): a listener on the daemon's machine per
 forward; each connection accepted there is carried to a port of the session's own loopback
 through a socket that the session's launcher connects inside the sandbox's network namespace
-(driver/port_connect.py) and passes back, relayed with back-pressure (relay.py).
+(driver/port_connect.py) and passes back, relayed with back-pressure (stream_relay.py).
 
 Behaviour a caller sees:
 - A forward is (session, port): forwarding the same port again with the same bind (and the
@@ -34,7 +34,7 @@ import trio
 
 from toolsd.sandbox.connects import ConnectFailed
 from toolsd.sandbox.errors import LauncherError
-from toolsd.tools.relay import relay
+from toolsd.tools.stream_relay import relay
 from toolsd.wire.ports import ForwardInfo, PortCloseResult, PortForwardParams, PortForwardResult
 from toolsd.wire.protocol import BAD_PARAMS, LIMIT_EXCEEDED, NOT_FOUND, ToolsdError
 

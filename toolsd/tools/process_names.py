@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ToolsdError
 
 if TYPE_CHECKING:
-    from toolsd.tools.background import BackgroundProcess
+    from toolsd.tools.background_process import BackgroundProcess
 
 ID_SHAPE = re.compile(r"bg[0-9]+")
 

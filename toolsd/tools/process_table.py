@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from toolsd.tools import process_names
 
 if TYPE_CHECKING:
-    from toolsd.tools.background import BackgroundProcess
+    from toolsd.tools.background_process import BackgroundProcess
 
 MAX_REMEMBERED = 1000
 

@@ -1,5 +1,5 @@
 """The process.* methods: start a background process, read its output (with `until`), stop
-it, list them. The process itself is background.py's BackgroundProcess; process_table.py's
+it, list them. The process itself is background_process.py's BackgroundProcess; process_table.py's
 ProcessTable keeps the registry of them (and forgets the oldest finished ones).
 """
 
@@ -16,12 +16,12 @@ import trio
 from toolsd.runtime import threads
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.sandbox.errors import SandboxError
-from toolsd.sandbox.jobs import signal_name, spawn_shell
-from toolsd.tools.background import CPU_THREADS, BackgroundProcess, remove_log
+from toolsd.sandbox.spawning import signal_name, spawn_shell
+from toolsd.tools.background_process import CPU_THREADS, BackgroundProcess, remove_log
 from toolsd.tools import input_wait
 from toolsd.tools.process_names import check_name
 from toolsd.tools.capped_log import CappedLog
-from toolsd.tools.live import Follower
+from toolsd.tools.live_output import Follower
 from toolsd.tools.output import head_piece, tail_piece
 from toolsd.tools.plain_text import strip_escapes
 from toolsd.tools.terminal_input import ProcessInput, no_input, terminal_env
@@ -52,7 +52,7 @@ from toolsd.wire.protocol import (
 if TYPE_CHECKING:
     from toolsd.tools.session_view import SessionView
     from toolsd.tools.process_table import ProcessTable
-    from toolsd.tools.calls import Answer
+    from toolsd.tools.answers import Answer
 
 LOG_CAP_BYTES = 64 << 20  # older output on disk, per process
 # Background processes a session may have that have not finished (running, or exited with
@@ -77,7 +77,8 @@ async def start(table: ProcessTable, session: SessionView,
         raise ToolsdError(SESSION_CLOSED, f"session {session.id} is not running; open a new one")
     cwd = session.resolve_cwd(p.cwd)
     env = session.command_env(p.env)
-    _shell_name, shell_path = session.sandbox.shell  # none in the sandbox: refused before an id is taken
+    # None in the sandbox: refused before an id is taken.
+    _shell_name, shell_path = session.sandbox.shell
     live = sum(1 for bg in table.of(session.id).values() if not bg.finished.is_set())
     if live >= MAX_LIVE_PER_SESSION:
         raise ToolsdError(LIMIT_EXCEEDED, f"process.start: session {session.id} already has "

@@ -68,7 +68,7 @@ import trio
 from driver import NODE_REPL, PYTHON_REPL
 from toolsd.sandbox import proctree
 from toolsd.sandbox.channel import Ready
-from toolsd.sandbox.jobs import end_tree, pump, spawn_with_pipe
+from toolsd.sandbox.spawning import end_tree, pump, spawn_with_pipe
 from toolsd.tools.interpreter import Interpreter, Sending
 from toolsd.tools.output import Ring
 from toolsd.tools.repl_memory import limit_interpreter
@@ -77,7 +77,7 @@ from toolsd.wire.protocol import BAD_PARAMS, NOT_FOUND, ReplExecParams, ReplExec
 
 if TYPE_CHECKING:
     from toolsd.tools.session_view import SessionView
-    from toolsd.tools.calls import Answer, Detached
+    from toolsd.tools.answers import Answer, Detached
     from toolsd.tools.spill import Spills
 
 __all__ = ["Repl", "execute", "start_detached", "GRACE_S", "LATE_BYTES"]

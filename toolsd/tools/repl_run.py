@@ -27,8 +27,8 @@ import trio
 from toolsd.runtime import threads
 from toolsd.runtime.states import States
 from toolsd.sandbox import proctree
-from toolsd.sandbox.launcher import KILL_THREADS
-from toolsd.tools.live import LiveOutput, sending
+from toolsd.sandbox.launcher_client import KILL_THREADS
+from toolsd.tools.live_output import LiveOutput, sending
 from toolsd.tools.output import HeadTail
 from toolsd.tools.sentinel import Sentinel
 from toolsd.tools.shell import KILL_GRACE_S
@@ -36,7 +36,7 @@ from toolsd.tools.spill import tee
 from toolsd.wire.protocol import UNSET, ReplExecParams, ReplExecResult, ReplImage
 
 if TYPE_CHECKING:
-    from toolsd.tools.calls import Answer, Detached
+    from toolsd.tools.answers import Answer, Detached
     from toolsd.tools.interpreter import Interpreter
     from toolsd.tools.repl import Repl
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 if TYPE_CHECKING:
     import trio
 
-    from toolsd.sandbox.file_helper import FileHelper
+    from toolsd.sandbox.file_helper_client import FileHelper
     from toolsd.sandbox.job import Job
     from toolsd.sandbox.policy import Limits
     from toolsd.sandbox.repositories import RepositoryWatch
     from toolsd.sandbox.session_sandbox import Sandbox
-    from toolsd.tools.background import BackgroundProcess
+    from toolsd.tools.background_process import BackgroundProcess
     from toolsd.tools.host import Host
     from toolsd.tools.repl_turns import ReplTurns
     from toolsd.tools.spill import Spills

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from toolsd.runtime.child_fds import ChildFds
-from toolsd.tools.live import LiveOutput, sending
+from toolsd.tools.live_output import LiveOutput, sending
 from toolsd.tools.output import HeadTail
-from toolsd.sandbox.jobs import end_tree, pump, signal_name, spawn_shell
-from toolsd.tools.calls import Answer
+from toolsd.sandbox.spawning import end_tree, pump, signal_name, spawn_shell
+from toolsd.tools.answers import Answer
 from toolsd.tools.spill import tee
 from toolsd.wire.protocol import SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
 
@@ -102,7 +102,7 @@ async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParam
     """Collect the output and the end of a shell.run's command, ending what it leaves.
     `oom_kills`: the session's count before the command started (SessionView.memory_note).
     `live`: the output's way to a streaming client, which holds the command while the
-    client is slow, up to the command's end (tools/live.py)."""
+    client is slow, up to the command's end (tools/live_output.py)."""
     out = HeadTail(p.max_output_chars)
     sink = out.feed if spill is None else tee(out.feed, spill.feed)
     if live is not None:

@@ -24,7 +24,7 @@ from toolsd.sandbox.egress import dns_stub, http_head, sni, socks
 from toolsd.sandbox.egress.connlog import ConnectionLog, LoggedConnection
 from toolsd.sandbox.egress.dial import DialError, open_address, open_tunnel, open_upstream
 from toolsd.sandbox.egress.gate import Destination, Gate, Refused
-from toolsd.sandbox.egress.relay import relay
+from toolsd.sandbox.egress.splice_relay import relay
 from toolsd.sandbox.egress.resolver import ResolveError
 from toolsd.sandbox.egress.rules import host_name
 from toolsd.sandbox.egress.proxy_env import DNS_PORT, HOST, HTTP_PORT, SOCKS_PORT

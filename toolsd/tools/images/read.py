@@ -12,7 +12,7 @@ import trio
 from toolsd.runtime import threads
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.runtime.fdio import READ_SIZE
-from toolsd.sandbox import jobs
+from toolsd.sandbox import spawning
 from toolsd.sandbox.errors import Fault
 from toolsd.sandbox.spawn_request import SpawnRequest
 from toolsd.tools.images import helper_read
@@ -132,7 +132,7 @@ async def _read_in_sandbox(session: SessionView, path: str) -> bytes:
     with ChildFds() as fds:  # the child holds the only copies of its ends: EOF at its exit
         out_r, out_w = fds.pipe()
         err_r, err_w = fds.pipe()
-        devnull = fds.child(jobs.open_devnull())
+        devnull = fds.child(spawning.open_devnull())
         job = await session.sandbox.spawn(
             SpawnRequest(argv, session.workspace, env, stdin=devnull, stdout=out_w,
                          stderr=err_w, want_pid=False),
@@ -172,7 +172,7 @@ async def _read_in_sandbox(session: SessionView, path: str) -> bytes:
             if not job.exited.is_set():
                 # Timed out, over the cap, or the request was cancelled: nothing of the
                 # reader may outlive the call.
-                await jobs.end_tree(job, 0)
+                await spawning.end_tree(job, 0)
             await out.aclose()
             await err.aclose()
 
@@ -212,6 +212,6 @@ def _read_error(path: str, exit_code: int | None, signal: int | None,
         return ToolsdError(BAD_PARAMS, f"{path}: file name too long")
     if exit_code == 127:
         return ToolsdError(IO_ERROR, f"cannot read {path}: the sandbox has no `head` ({text})")
-    how = (f"killed by {jobs.signal_name(signal)}" if exit_code is None
+    how = (f"killed by {spawning.signal_name(signal)}" if exit_code is None
            else f"exit status {exit_code}")
     return ToolsdError(IO_ERROR, f"reading {path} failed ({how}): {text or 'no error text'}")

@@ -155,7 +155,7 @@ async def sending(live: LiveOutput | None):
 
 
 class Follower:
-    """Sends a background process's output (tools/background.py) from `start` on, as it
+    """Sends a background process's output (tools/background_process.py) from `start` on, as it
     comes, and, once told where the read ends (`end_at`), up to there: `follow`, the one task
     that emits, then returns."""
 

@@ -18,7 +18,7 @@ from toolsd.runtime.fdio import READ_SIZE, FdReader
 from toolsd.sandbox import proctree
 from toolsd.sandbox.errors import Fault, SandboxError
 from toolsd.sandbox.job import Job
-from toolsd.sandbox.launcher import KILL_THREADS
+from toolsd.sandbox.launcher_client import KILL_THREADS
 from toolsd.sandbox.spawn_request import SpawnRequest
 from toolsd.sandbox.shell_argv import shell_argv
 
