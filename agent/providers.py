@@ -26,7 +26,7 @@ from agent.history import (
     UserMessage,
 )
 
-PROVIDERS = ("anthropic", "openai", "gemini")
+PROVIDERS = ("anthropic", "openai")
 
 # Anthropic: 8000 px a side and 5 MB per image, 2000 px a side once a request holds more than
 # 20 images. 5 MB is of the base64 text, hence 3.75 MB of bytes. 1568 px is Anthropic's own
@@ -38,11 +38,10 @@ _MANY_IMAGES_DIM = 2000
 
 
 # What the pictures of one request may come to together: Anthropic takes at most 100 images
-# and 32 MB a request, OpenAI 500 images and 50 MB, Gemini 20 MB of inline data. The sizes are
-# of the base64 text, with room left for the rest of the request. Over them, a request fails,
+# and 32 MB a request, OpenAI 500 images and 50 MB. The sizes are of the base64 text, with
+# room left for the rest of the request. Over them, a request fails,
 # and so does every later one while those pictures are in the history's window.
-_REQUEST_IMAGES = {"anthropic": (100, 24_000_000), "openai": (500, 40_000_000),
-                   "gemini": (3000, 15_000_000)}
+_REQUEST_IMAGES = {"anthropic": (100, 24_000_000), "openai": (500, 40_000_000)}
 LEFT_OUT = ("the pictures read after it already fill what one request can carry; read it "
             "again to see it")
 
@@ -81,7 +80,7 @@ def within_request(provider: str,
 # the providers refuse cannot reach them whatever order the turn loop appended in: each
 # assistant message with tool calls is followed by exactly one result per call, in call order,
 # and the pictures those calls asked for come after all of them. That is the one place an
-# image may ride in all four shapes (only Anthropic takes one inside a tool result), and the
+# image may ride in both shapes (only Anthropic takes one inside a tool result), and the
 # order Anthropic and OpenAI both insist on (results right after their calls).
 
 Images = Mapping[ImageRef, LoadedImage]
@@ -183,8 +182,7 @@ def _parts(parts: list[Text | ImageRef], images: Images, text: Callable[[str], A
 
 
 def _merged(turns: list[tuple[str, list[Any]]]) -> list[tuple[str, list[Any]]]:
-    """Consecutive turns of one role as one: Anthropic and Gemini take strictly alternating
-    roles, and strict chat templates of local servers do too."""
+    """Consecutive turns of one role as one: Anthropic takes strictly alternating roles."""
     out: list[tuple[str, list[Any]]] = []
     for role, parts in turns:
         if out and out[-1][0] == role:
@@ -300,81 +298,3 @@ def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
 def _flat_result(r: ToolResult) -> str:
     # Only Anthropic has a flag for a failed call; elsewhere the text says it.
     return f"Error: {r.text}" if r.is_error else r.text
-
-
-# OpenAI Responses: the system prompt as `instructions`; calls and results are items of their
-# own beside the messages. Function tools are strict by default there, and strict schemas must
-# make every argument required, which ours (with optional arguments) do not.
-
-def _responses_text(text: str) -> dict[str, Any]:
-    return {"type": "input_text", "text": text}
-
-
-def _responses_image(img: LoadedImage) -> dict[str, Any]:
-    return {"type": "input_image", "detail": "auto", "image_url": _data_url(img)}
-
-
-def render_openai_responses(request: ModelRequest, images: Images) -> dict[str, Any]:
-    items: list[dict[str, Any]] = []
-    for m in _canonical(request.messages):
-        if isinstance(m, UserMessage):
-            items.append({"role": "user", "content": _parts(m.content, images, _responses_text,
-                                                            _responses_image)})
-        elif isinstance(m, Summary):
-            items.append({"role": "user", "content": [_responses_text(summary_text(m))]})
-        elif isinstance(m, AssistantMessage):
-            if m.text:
-                items.append({"role": "assistant", "content": m.text})
-            items += [{"type": "function_call", "call_id": c.id, "name": c.name,
-                       "arguments": arguments_json(c)} for c in m.tool_calls]
-        elif isinstance(m, ToolResult):
-            items.append({"type": "function_call_output", "call_id": m.call_id,
-                          "output": _flat_result(m)})
-    body: dict[str, Any] = {"input": items, "max_output_tokens": request.max_tokens,
-                            "store": False}
-    if request.system:
-        body["instructions"] = request.system
-    if request.tools:
-        body["tools"] = [{"type": "function", "name": t.name, "description": t.description,
-                          "parameters": t.parameters, "strict": False} for t in request.tools]
-    return body
-
-
-# Gemini generateContent: roles `user` and `model`; the system prompt as systemInstruction;
-# functionCall parts from the model, functionResponse parts (a JSON object) from the user.
-
-def _gemini_text(text: str) -> dict[str, Any]:
-    return {"text": text}
-
-
-def _gemini_image(img: LoadedImage) -> dict[str, Any]:
-    return {"inlineData": {"mimeType": img.media_type, "data": _b64(img)}}
-
-
-def render_gemini(request: ModelRequest, images: Images) -> dict[str, Any]:
-    turns: list[tuple[str, list[Any]]] = []
-    for m in _canonical(request.messages):
-        if isinstance(m, UserMessage):
-            turns.append(("user", _parts(m.content, images, _gemini_text, _gemini_image)))
-        elif isinstance(m, Summary):
-            turns.append(("user", [_gemini_text(summary_text(m))]))
-        elif isinstance(m, AssistantMessage):
-            parts: list[Any] = [_gemini_text(m.text)] if m.text else []
-            parts += [{"functionCall": {"name": c.name, "args": c.arguments}}
-                      for c in m.tool_calls]
-            turns.append(("model", parts))
-        elif isinstance(m, ToolResult):
-            response = {"error": m.text} if m.is_error else {"output": m.text}
-            turns.append(("user", [{"functionResponse": {"name": m.name,
-                                                         "response": response}}]))
-    body: dict[str, Any] = {
-        "contents": [{"role": role, "parts": parts} for role, parts in _merged(turns)],
-        "generationConfig": {"maxOutputTokens": request.max_tokens},
-    }
-    if request.system:
-        body["systemInstruction"] = {"parts": [{"text": request.system}]}
-    if request.tools:
-        body["tools"] = [{"functionDeclarations": [
-            {"name": t.name, "description": t.description, "parameters": t.parameters}
-            for t in request.tools]}]
-    return body
