@@ -32,7 +32,8 @@ from agent.settings import Settings
 from agent.toolbox import Toolbox
 from agent.tools import TOOLS
 from agent.undo import Undo
-from agent.turn import AgentConfig, Turn, TurnLoop, TurnResult
+from agent.turn import Turn, TurnLoop
+from agent.turn_rules import AgentConfig, TurnResult
 from agent.window import resolve_budget
 from toolsd.client import AsyncClient
 

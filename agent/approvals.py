@@ -17,10 +17,10 @@ __all__ = ["prepare_for_approval", "snapshot_before"]
 async def prepare_for_approval(loop, call: ToolCall):
     """The Change to approve (None where no diff is shown), or the ToolOutcome saying why the
     change cannot be made; nothing is written."""
-    gate = loop.agent.gate
+    gate = loop.host.gate
     if call.name not in WRITES_FILES or gate.mode is not Mode.ASK or call.name in gate.always:
         return None
-    change = await loop.agent.toolbox.prepare(call)
+    change = await loop.host.toolbox.prepare(call)
     if not isinstance(change, ToolOutcome):
         loop.log("diff", id=call.id, name=call.name, path=change.shown, diff=change.diff)
     return change
@@ -28,10 +28,10 @@ async def prepare_for_approval(loop, call: ToolCall):
 
 async def snapshot_before(loop, call: ToolCall) -> None:
     """The workspace's files kept for /undo before the turn's first call that may write."""
-    tool = loop.agent.gate.lookup(call.name)
+    tool = loop.host.gate.lookup(call.name)
     if tool is not None and tool.read_only or call.name == "ask_user":
         return
-    undo = loop.agent.undo
+    undo = loop.host.undo
     if undo is None or undo.taken_in == loop.turn.number:
         return
     try:

@@ -248,7 +248,7 @@ class Run:
         from agent.conversation import ConversationError
         from agent.linereader import LineReader
         from agent.terminal import Terminal
-        from agent.turn import AgentConfig
+        from agent.turn_rules import AgentConfig
         from toolsd.client import ToolsdError
         from toolsd.wire.egress import network_of
 

@@ -21,12 +21,12 @@ model answers without asking for tools. It is bounded and supervised (seed 002):
   marked so, and the history goes on from it (the next prompt never runs into this one).
 
 Every step is written to the conversation's event log as it happens (agent/conversation.py).
-The Agent that runs turn after turn is agent/agent.py's.
+What the loop reads of the session is agent/turn_host.py's TurnHost; the Agent that runs
+turn after turn (agent/agent.py) is one.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -50,44 +50,12 @@ from agent.models.base import ContextOverflow, ModelError, ModelReply
 from agent.approvals import prepare_for_approval, snapshot_before
 from agent.results import RESULT_CHARS, ToolOutcome, caption, clip_text
 from agent.steering import steering_message
+from agent.turn_rules import Outcome, TurnResult
 
 if TYPE_CHECKING:
-    from agent.agent import Agent
+    from agent.turn_host import TurnHost
 
-__all__ = ["AgentConfig", "Outcome", "Turn", "TurnLoop", "TurnResult"]
-
-
-class Outcome(enum.Enum):
-    COMPLETED = "completed"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    BUDGET_EXHAUSTED = "budget_exhausted"
-
-
-class AgentConfig(msgspec.Struct, frozen=True):
-    """The rules of a turn (defaults from the seeds) and how the session is opened."""
-
-    max_steps: int = 20
-    wall_s: float = 1800.0
-    duplicate_runs: int = 4
-    nudge_after: int = 6
-    max_tokens: int = 4096
-    final_report_tokens: int = 1024
-    # The route's context window in tokens; None: what the model adapter says (or guesses).
-    context_tokens: int | None = None
-    repl_timeout_s: float = 120.0
-    network: str | dict = "none"  # or protocol 1.2's {allow: [...]} (toolsd agent --allow)
-    env: dict[str, str] = {}
-    instructions: str = ""  # added to the system prompt
-
-
-class TurnResult(msgspec.Struct, frozen=True):
-    turn: int
-    outcome: str
-    reason: str = ""
-    text: str = ""  # the model's last text of the turn
-    steps: int = 0  # model requests, the final report included
-    tool_calls: int = 0
+__all__ = ["Turn", "TurnLoop"]
 
 
 NUDGE = ("[{n} tool calls so far in this turn. Finish soon: answer with what you have unless "
@@ -143,12 +111,12 @@ def _is_cancellation(e: BaseException) -> bool:
 class TurnLoop:
     """One turn's run: the steps, the tools, and the ending (see the module)."""
 
-    def __init__(self, agent: Agent, turn: Turn, on_event, on_text):
-        self.agent = agent
+    def __init__(self, host: TurnHost, turn: Turn, on_event, on_text):
+        self.host = host
         self.turn = turn
-        self.config = agent.config
-        self.conversation = agent.conversation
-        self.backend = agent.backend
+        self.config = host.config
+        self.conversation = host.conversation
+        self.backend = host.backend
         self.on_event = on_event
         self.on_text = on_text
         # The text of the reply streaming now; None while no request is in flight.
@@ -216,7 +184,7 @@ class TurnLoop:
 
     def give_steering(self) -> None:
         """Lines the person typed meanwhile, into the history (agent/steering.py)."""
-        lines = self.agent.take_steering()
+        lines = self.host.take_steering()
         if lines:
             self.conversation.append(steering_message(lines))
             self.log("steering", lines=lines)
@@ -257,29 +225,29 @@ class TurnLoop:
                         f"during request {self.turn.steps}; the reply so far is kept")
 
     async def _send_in_time(self, *, max_tokens: int, kind: str) -> ModelReply:
-        agent = self.agent
-        base = ModelRequest(system=agent.system, messages=[], tools=agent.toolbox.tools(),
+        host = self.host
+        base = ModelRequest(system=host.system, messages=[], tools=host.toolbox.tools(),
                             max_tokens=max_tokens)
         self.turn.steps += 1
-        await self.agent.drain_diagnostics()  # what edits since the last request caused
+        await self.host.drain_diagnostics()  # what edits since the last request caused
         self.give_steering()
         refused = None
         while True:
-            fitted = await fit_history(agent.model, self.conversation.messages, base,
-                                       agent.budget, force=refused is not None)
+            fitted = await fit_history(host.model, self.conversation.messages, base,
+                                       host.budget, force=refused is not None)
             refs = [p for m in fitted.messages if isinstance(m, UserMessage)
                     for p in m.content if isinstance(p, ImageRef)]
             images = await self.backend.load_images(refs)
-            request = ModelRequest(system=agent.system, messages=fitted.messages,
+            request = ModelRequest(system=host.system, messages=fitted.messages,
                                    tools=base.tools, max_tokens=max_tokens)
             self.log("request", kind=kind, step=self.turn.steps, messages=len(fitted.messages),
                      images=len(images), tokens_estimate=fitted.tokens,
-                     budget=agent.budget.tokens, budget_guessed=agent.budget.guessed,
-                     budget_source=agent.budget.origin, budget_detail=agent.budget.detail,
+                     budget=host.budget.tokens, budget_guessed=host.budget.guessed,
+                     budget_source=host.budget.origin, budget_detail=host.budget.detail,
                      compacted=fitted.summary is not None)
             self.streamed = []
             try:
-                reply = await agent.model.complete(request, images, self._stream)
+                reply = await host.model.complete(request, images, self._stream)
             except ContextOverflow as e:
                 self.streamed = None
                 if refused is not None:
@@ -304,8 +272,8 @@ class TurnLoop:
         if fitted.summary is not None:
             self.conversation.insert(fitted.at, fitted.summary)
             self.log("compaction", summary=fitted.summary.text, at=fitted.at,
-                     tokens=fitted.tokens, budget=agent.budget.tokens,
-                     budget_guessed=agent.budget.guessed, refused=refused)
+                     tokens=fitted.tokens, budget=host.budget.tokens,
+                     budget_guessed=host.budget.guessed, refused=refused)
         self.log("reply", step=self.turn.steps, text=reply.text, stop=reply.stop,
                  tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments}
                              for c in reply.tool_calls],
@@ -369,7 +337,7 @@ class TurnLoop:
             self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                      is_error=False, skipped=True)
             return outcome
-        gate, change = self.agent.gate, await prepare_for_approval(self, call)
+        gate, change = self.host.gate, await prepare_for_approval(self, call)
         if isinstance(change, ToolOutcome):  # the change cannot be made: nothing to approve
             self.log("tool_result", id=call.id, name=call.name, text=change.text,
                      is_error=change.is_error)
@@ -377,14 +345,14 @@ class TurnLoop:
         decision = await gate.check(call, None if change is None else change.diff)
         if decision.asked or not decision.allowed:
             self.log("approval", id=call.id, name=call.name, allowed=decision.allowed,
-                     asked=decision.asked, mode=self.agent.gate.mode.value)
+                     asked=decision.asked, mode=self.host.gate.mode.value)
         if not decision.allowed:
             outcome = ToolOutcome(decision.message, is_error=True)
         else:
             await snapshot_before(self, call)  # for /undo (agent/undo.py)
-            outcome = await self.agent.toolbox.call(call, change)  # agent/toolbox.py
+            outcome = await self.host.toolbox.call(call, change)  # agent/toolbox.py
         self.log("tool_result", id=call.id, name=call.name, text=outcome.text,
                  is_error=outcome.is_error, images=[r.path for r in outcome.images])
         for path in outcome.edited:
-            self.agent.diagnostics.file_edited(path)  # checked before the next request
+            self.host.diagnostics.file_edited(path)  # checked before the next request
         return outcome

@@ -15,7 +15,7 @@ import pytest
 
 from agent.agent import Agent
 from agent.models.scripted import ScriptedModel
-from agent.turn import AgentConfig
+from agent.turn_rules import AgentConfig
 from model_server import ModelServer
 from conftest import has_ended, short_tempdir, wait_for, wait_gone
 from test_idle import sandbox_of

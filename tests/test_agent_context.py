@@ -21,7 +21,7 @@ from agent.history import (
 )
 from agent.models.base import ContextBudget, ContextOverflow
 from agent.models.scripted import ScriptedModel, call, reply
-from agent.turn import AgentConfig
+from agent.turn_rules import AgentConfig
 from agent.window import window
 import agentkit
 from conftest import needs_bwrap

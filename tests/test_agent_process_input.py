@@ -9,7 +9,7 @@ import agentkit
 from agent.history import ToolResult
 from agent.models.scripted import call, reply
 from agent.results import process_text
-from agent.turn import AgentConfig
+from agent.turn_rules import AgentConfig
 from conftest import needs_bwrap, wait_gone
 
 pytestmark = pytest.mark.daemon(shared=True)

@@ -12,7 +12,7 @@ from PIL import Image
 import agentkit
 from agent.models.scripted import call, reply
 from agent.providers import render_anthropic, render_openai_chat
-from agent.turn import AgentConfig
+from agent.turn_rules import AgentConfig
 from conftest import needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]

@@ -14,7 +14,8 @@ from agent.results import RESULT_CHARS
 from agent.history import AssistantMessage, ToolCall, ToolResult, UserMessage
 from agent.models.scripted import Streamed, call, reply
 from agent.providers import render_anthropic
-from agent.turn import NUDGE, AgentConfig
+from agent.turn import NUDGE
+from agent.turn_rules import AgentConfig
 import agentkit
 from agentkit import texts
 from conftest import needs_bwrap, wait_gone
