@@ -15,13 +15,13 @@ import msgspec
 import pytest
 
 import agentkit
-from agent.diagnostics import HEADER, Limits
-from agent.lsp_servers import choices, language_of
-from agent.lsp_wire import Deframer, Flood, Garbled, frame, read_published
+from agent.calls.results import RESULT_CHARS
+from agent.calls.toolbox import Toolbox
+from agent.lsp.diagnostics import HEADER, Limits
+from agent.lsp.servers import choices, language_of
+from agent.lsp.wire import Deframer, Flood, Garbled, frame, read_published
 from agent.models.scripted import ScriptedModel, call, reply
-from agent.results import RESULT_CHARS
-from agent.settings import Settings
-from agent.toolbox import Toolbox
+from agent.turns.settings import Settings
 from conftest import needs_bwrap
 
 pytestmark = pytest.mark.daemon(shared=True)

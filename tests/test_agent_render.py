@@ -1,4 +1,4 @@
-"""A real turn's requests, rendered by agent/providers.py for each provider the agent speaks
+"""A real turn's requests, rendered by agent/models/providers.py for each provider the agent speaks
 to: every tool call answered next to it, the picture on the user message after the results,
 roles in order."""
 
@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 
 import agentkit
+from agent.models.providers import render_anthropic, render_openai_chat
 from agent.models.scripted import call, reply
-from agent.providers import render_anthropic, render_openai_chat
-from agent.turn_rules import AgentConfig
+from agent.turns.rules import AgentConfig
 from conftest import needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 
-from agent.history import (
+from agent.history.messages import (
     AssistantMessage,
     ImageRef,
     LoadedImage,
@@ -26,7 +26,7 @@ from agent.history import (
     ToolSpec,
     UserMessage,
 )
-from agent.providers import (
+from agent.models.providers import (
     LEFT_OUT,
     render_anthropic,
     render_openai_chat,

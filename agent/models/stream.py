@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from agent.history import ToolCall
+from agent.history.messages import ToolCall
 
 
 class Event(msgspec.Struct, frozen=True):
