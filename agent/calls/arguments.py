@@ -12,7 +12,7 @@ from agent.calls.results import ToolOutcome, quoted
 from agent.calls.tools import TOOL_NAMES
 from agent.history.messages import ToolCall
 
-__all__ = ["ARGUMENTS", "parse_arguments", "RunTerminal", "Repl", "ProcessStart",
+__all__ = ["ARGUMENTS", "parse_arguments", "RunTerminal", "ReplArguments", "ProcessStart",
            "ProcessOutput", "ProcessStop", "ProcessWrite", "ReadImage", "ReadFile", "WriteFile",
            "EditFile", "Find"]
 
@@ -24,7 +24,7 @@ class RunTerminal(msgspec.Struct, frozen=True):
     timeout_s: Positive = 120.0
 
 
-class Repl(msgspec.Struct, frozen=True):
+class ReplArguments(msgspec.Struct, frozen=True):
     code: str
     language: Literal["python", "node"] = "python"
 
@@ -79,7 +79,7 @@ class Find(msgspec.Struct, frozen=True):
     path: str | None = None
 
 
-ARGUMENTS = {"run_terminal": RunTerminal, "repl": Repl, "process_start": ProcessStart,
+ARGUMENTS = {"run_terminal": RunTerminal, "repl": ReplArguments, "process_start": ProcessStart,
              "process_output": ProcessOutput, "process_stop": ProcessStop,
              "read_image": ReadImage, "process_write": ProcessWrite,
              "read_file": ReadFile, "write_file": WriteFile, "edit_file": EditFile,

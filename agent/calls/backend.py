@@ -8,14 +8,14 @@ never reach another session's process by guessing `bg1`).
 
 One toolsd request per call; what the model reads of its result is agent/calls/results.py's
 (pure), the arguments are read by agent/calls/arguments.py. Every request goes through the
-session's Keeper (agent/calls/toolsd_session.py), which tells the model once, with the next
-tool result, what the session added that the host's git would run, and replaces a lost session:
-what lived in the old one is forgotten here (`_forget`: its process ids answer as stale). A
-call cut by the loss is not run again (it may have done part of its work): the model decides. A
-fresh session lost too within the same call raises `SessionLost`: never a loop.
+session's SessionKeeper (agent/calls/toolsd_session.py), which tells the model once, with the
+next tool result, what the session added that the host's git would run, and replaces a lost
+session: what lived in the old one is forgotten here (`_forget`: its process ids answer as
+stale). A call cut by the loss is not run again (it may have done part of its work): the model
+decides. A fresh session lost too within the same call raises `SessionLost`: never a loop.
 
 Resource handling: the session and everything in it (REPLs, background processes) end at
-`aclose()` (Keeper.close); the REPLs of a turn end at `end_turn()`, which the turn loop
+`aclose()` (SessionKeeper.close); the REPLs of a turn end at `end_turn()`, which the turn loop
 calls in its `finally`.
 """
 
@@ -29,10 +29,10 @@ from typing import Any
 import msgspec
 import trio
 
-from agent.calls.arguments import (ProcessOutput, ProcessStart, ProcessStop, ReadImage, Repl,
-                             RunTerminal, parse_arguments)
+from agent.calls.arguments import (ProcessOutput, ProcessStart, ProcessStop, ReadImage,
+                                   ReplArguments, RunTerminal, parse_arguments)
 from agent.calls.file_tools import FileTools
-from agent.calls.process_input import ProcessInput
+from agent.calls.process_input import ProcessInputTools
 from agent.calls.results import (
     NOTES_ROOM,
     RESULT_CHARS,
@@ -46,7 +46,7 @@ from agent.calls.results import (
     stale_text,
     status_words,
 )
-from agent.calls.toolsd_session import Gone, Keeper, SessionLost
+from agent.calls.toolsd_session import Gone, SessionKeeper, SessionLost
 from agent.history.messages import ImageRef, LoadedImage, ToolCall
 from agent.models.providers import image_limits, within_request
 from toolsd.client import AsyncClient, ToolsdError
@@ -60,12 +60,12 @@ UNTIL_WAIT_S = 30.0  # process_output's wait when only `until` is given
 IMAGE_ERRORS = ("not_found", "not_an_image", "image_too_large", "limit_exceeded")
 
 
-class Backend(ProcessInput, FileTools):
+class Backend(ProcessInputTools, FileTools):
     """See the module docstring. Made by `Backend.open`; the turn loop and `toolsd mcp` both
     drive it: `begin_turn`, `call` per tool call, `load_images` for a request, `end_turn`,
     `aclose`."""
 
-    def __init__(self, keeper: Keeper, *, features: list[str], provider: str,
+    def __init__(self, keeper: SessionKeeper, *, features: list[str], provider: str,
                  repl_timeout_s: float):
         self.keeper = keeper
         keeper.on_replaced = self._forget
@@ -93,7 +93,7 @@ class Backend(ProcessInput, FileTools):
                    network: str = "none", env: dict[str, str] | None = None,
                    provider: str = "anthropic", repl_timeout_s: float = 120.0) -> Backend:
         hello = await client.hello("toolsd-agent")
-        keeper = await Keeper.open(client, workspace, writable=writable, network=network,
+        keeper = await SessionKeeper.open(client, workspace, writable=writable, network=network,
                                    env=env or {})
         return cls(keeper, features=hello.get("features", []), provider=provider,
                    repl_timeout_s=repl_timeout_s)
@@ -124,7 +124,7 @@ class Backend(ProcessInput, FileTools):
         self.keeper.report = report
 
     def take_notes(self) -> list[str]:
-        """Notes for the model besides a result, once (Keeper.take_notes)."""
+        """Notes for the model besides a result, once (SessionKeeper.take_notes)."""
         return self.keeper.take_notes()
 
     def _forget(self) -> list[str]:
@@ -263,7 +263,7 @@ class Backend(ProcessInput, FileTools):
         """Params of a 1.1 feature, only where the daemon has it (an older one refuses them)."""
         return params if feature in self.features else {}
 
-    async def _repl(self, a: Repl) -> ToolOutcome:
+    async def _repl(self, a: ReplArguments) -> ToolOutcome:
         async with self._turn_lock:
             turn = self.turn or await self._begin()
             first = a.language not in self._repl_languages

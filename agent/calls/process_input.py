@@ -15,10 +15,10 @@ from agent.calls.arguments import ProcessStart, ProcessWrite
 from agent.calls.results import ToolOutcome
 from toolsd.client import ToolsdError
 
-__all__ = ["ProcessInput"]
+__all__ = ["ProcessInputTools"]
 
 
-class ProcessInput:
+class ProcessInputTools:
     processes: dict[str, str]
     names: dict[str, str]
     features: frozenset[str]

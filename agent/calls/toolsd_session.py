@@ -1,6 +1,6 @@
 """The toolsd session under an agent's tools, kept: every request on it goes through
-`Keeper.ask`, which reads what the result says besides its answer, and a session found lost is
-replaced.
+`SessionKeeper.ask`, which reads what the result says besides its answer, and a session found
+lost is replaced.
 
 - `host_exec` (docs/protocol.md): the whole list comes with every result while it is not
   empty; a line that was not in the last one is new, and told once: a note for the model
@@ -27,7 +27,7 @@ import trio
 from agent.calls.results import host_exec_note, session_lost_text
 from toolsd.client import AsyncClient, ToolsdError
 
-__all__ = ["Keeper", "Gone", "SessionLost", "lost"]
+__all__ = ["SessionKeeper", "Gone", "SessionLost", "lost"]
 
 
 class SessionLost(Exception):
@@ -60,8 +60,8 @@ def lost(error: ToolsdError) -> bool:
             or (error.code == "not_found" and error.message.startswith("no session ")))
 
 
-class Keeper:
-    """See the module docstring. Made by `Keeper.open`."""
+class SessionKeeper:
+    """See the module docstring. Made by `SessionKeeper.open`."""
 
     def __init__(self, client: AsyncClient, opened: dict, options: dict[str, Any]):
         self.client = client
@@ -88,7 +88,7 @@ class Keeper:
         self._clients: list[AsyncClient] = []  # connected again after a daemon restart: ours
 
     @classmethod
-    async def open(cls, client: AsyncClient, workspace: str, **options: Any) -> Keeper:
+    async def open(cls, client: AsyncClient, workspace: str, **options: Any) -> SessionKeeper:
         opened = await client.session_open(os.path.abspath(workspace), **options)
         return cls(client, opened, options)
 

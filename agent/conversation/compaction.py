@@ -24,7 +24,7 @@ from agent.history.messages import (
 )
 from agent.models.base import ContextBudget, Model
 
-__all__ = ["COMPACT_SYSTEM", "DoesNotFit", "Fitted", "fit_history"]
+__all__ = ["COMPACT_SYSTEM", "DoesNotFit", "FittedHistory", "fit_history"]
 
 # Compaction keeps at most this share of the budget verbatim, and summarizes the rest.
 KEEP_SHARE = 0.5
@@ -38,7 +38,7 @@ class DoesNotFit(Exception):
     server's own refusal is agent.models.base.ContextOverflow.)"""
 
 
-class Fitted(msgspec.Struct, frozen=True):
+class FittedHistory(msgspec.Struct, frozen=True):
     """The messages to send; `summary` and `at`: a compaction to insert in the history at
     that index (before the first message kept verbatim)."""
 
@@ -49,14 +49,14 @@ class Fitted(msgspec.Struct, frozen=True):
 
 
 async def fit_history(model: Model, history: list[Message], base: ModelRequest,
-                      budget: ContextBudget, *, force: bool = False) -> Fitted:
+                      budget: ContextBudget, *, force: bool = False) -> FittedHistory:
     """The window of `history` within `budget` for a request like `base`, compacting once if
     needed (or, with `force`, anyway: the server refused it). Raises DoesNotFit (nothing
     changed) when it cannot fit."""
     messages = window(history)
     tokens = estimate_tokens(_with(base, messages))
     if tokens <= budget.tokens and not force:
-        return Fitted(messages, tokens)
+        return FittedHistory(messages, tokens)
     fixed = estimate_tokens(_with(base, []))
     cut = _cut(messages, int(budget.tokens * KEEP_SHARE) - fixed)
     if cut is None:  # a long last step: keep less room for the summary
@@ -75,7 +75,7 @@ async def fit_history(model: Model, history: list[Message], base: ModelRequest,
             f"the conversation needs about {tokens} tokens and the model's context budget is "
             f"{budget_words(budget)}; summarizing the older part still left about "
             f"{new_tokens}")
-    return Fitted(fitted, new_tokens, summary, len(history) - len(kept))
+    return FittedHistory(fitted, new_tokens, summary, len(history) - len(kept))
 
 
 def _with(base: ModelRequest, messages: list[Message]) -> ModelRequest:

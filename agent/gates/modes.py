@@ -23,8 +23,8 @@ from agent.gates.code_writes import node_write, python_write
 from agent.gates.shell_writes import shell_write
 from agent.history.messages import ToolCall, ToolSpec
 
-__all__ = ["Mode", "Gate", "Decision", "Declined", "Approver", "shell_write", "python_write",
-           "node_write", "plan_refusal"]
+__all__ = ["Mode", "ApprovalGate", "Decision", "Declined", "Approver", "shell_write",
+           "python_write", "node_write", "plan_refusal"]
 
 
 class Mode(enum.Enum):
@@ -53,7 +53,7 @@ class Decision(msgspec.Struct, frozen=True):
     asked: bool = False
 
 
-class Gate:
+class ApprovalGate:
     """Decides, per call, whether it runs. Owns the "always" answers of its conversation."""
 
     def __init__(self, mode: Mode | str, approve: Approver | None = None):

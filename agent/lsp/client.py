@@ -74,7 +74,7 @@ def server_name(argv: list[str]) -> str:
 class LanguageServer:
     def __init__(self, ask: Callable[..., Any], session: str, language: str,
                  argv: list[str], root: str, shown: int):
-        self._ask = ask  # a Keeper's ask: one request on the session
+        self._ask = ask  # a SessionKeeper's ask: one request on the session
         self.session = session
         self.language = language
         self.argv = argv

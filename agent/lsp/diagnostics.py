@@ -26,10 +26,10 @@ from agent.lsp.servers import choices, detect_command, language_of
 from agent.lsp.wire import LANGUAGE_IDS, Published
 from toolsd.client import ToolsdError
 
-__all__ = ["Diagnostics", "Limits", "Checked", "render"]
+__all__ = ["Diagnostics", "DiagnosticLimits", "Checked", "render"]
 
 
-class Limits(msgspec.Struct, frozen=True):
+class DiagnosticLimits(msgspec.Struct, frozen=True):
     start_s: float = 15.0
     wait_s: float = 5.0
     files: int = 10
@@ -82,7 +82,7 @@ class Diagnostics:
     servers are processes of the session (they end with it)."""
 
     def __init__(self, backend, configured: dict[str, list[str]] | None = None,
-                 limits: Limits = Limits()):
+                 limits: DiagnosticLimits = DiagnosticLimits()):
         self.backend = backend
         self.configured = configured or {}
         self.limits = limits

@@ -13,7 +13,7 @@ The client starts it as a subprocess and speaks MCP (JSON-RPC lines) on its stdi
 - `repl_reset`: the REPL's state lasts as long as the connection (one toolsd turn); this
   ends its interpreters, and the next `repl` call starts fresh.
 - `repl` answers with the figures its code made as MCP image content after its text.
-- Before each call the session is looked at (Keeper.check): one lost since the last call
+- Before each call the session is looked at (SessionKeeper.check): one lost since the last call
   (the daemon restarted, its sandbox died) is replaced first, and the call runs in the fresh
   one, its result saying what was lost. Numbers sent as strings ("5") are read as numbers.
 - What the backend tells the model besides a result (what the host's git would run, a lost
@@ -152,7 +152,7 @@ async def serve(workspace: str, mode, socket_path: str, network: str | dict = "n
     from mcp.server.stdio import stdio_server
 
     from agent.calls.backend import Backend
-    from agent.gates.modes import Gate, Mode
+    from agent.gates.modes import ApprovalGate, Mode
     from agent.terminal.linereader import LineReader
     from toolsd.client import AsyncClient, ToolsdError
 
@@ -174,7 +174,7 @@ async def serve(workspace: str, mode, socket_path: str, network: str | dict = "n
         if backend.sandbox == "none":
             log.warning("this machine cannot sandbox sessions (see `toolsd doctor`): tools "
                         "run unsandboxed")
-        host = ToolHost(backend, Gate(mode))
+        host = ToolHost(backend, ApprovalGate(mode))
         try:
             await backend.begin_turn()
             server = host.server()
@@ -235,7 +235,7 @@ def annotations(name: str, read_only: bool) -> dict:
 
 class ToolHost:
     """The tools of one MCP connection: its Backend (the toolsd session and the REPL turn)
-    and the Gate of its mode. The connection owns both; `serve` closes them."""
+    and the ApprovalGate of its mode. The connection owns both; `serve` closes them."""
 
     def __init__(self, backend, gate):
         self.backend = backend

@@ -180,7 +180,7 @@ def cmd_agent(args) -> int:
         with toolsd_socket(target, say=lambda m: fail(m)) as socket:
             import trio
 
-            return trio.run(Run(args, model, workspace, socket).main)
+            return trio.run(AgentRun(args, model, workspace, socket).main)
     except DaemonFailed as e:
         return fail(f"could not start a toolsd daemon: {e}")
 
@@ -205,7 +205,7 @@ _MOVES = {
 }
 
 
-class Run:
+class AgentRun:
     """One `toolsd agent` run: its Agent (opened in `main`, closed at its end, whatever
     ends it), its terminal, and its phase."""
 

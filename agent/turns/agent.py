@@ -25,7 +25,7 @@ from agent.calls.tools import TOOLS
 from agent.conversation.repo_context import gather_context
 from agent.conversation.store import Conversation, ConversationStore
 from agent.conversation.window import resolve_budget
-from agent.gates.modes import Approver, Gate, Mode
+from agent.gates.modes import ApprovalGate, Approver, Mode
 from agent.history.messages import AssistantMessage, Text, UserMessage
 from agent.lsp.diagnostics import Diagnostics
 from agent.models.base import Model
@@ -74,7 +74,7 @@ class Agent:
     as an async context manager)."""
 
     def __init__(self, *, model: Model, backend: Backend, conversation: Conversation,
-                 gate: Gate, config: AgentConfig, system: str, client: AsyncClient,
+                 gate: ApprovalGate, config: AgentConfig, system: str, client: AsyncClient,
                  own_client: bool):
         self.model = model
         self.backend = backend
@@ -125,7 +125,7 @@ class Agent:
         `renamed`: former tool names still dispatched (a saved conversation's)."""
         config = config or AgentConfig()
         settings = settings or Settings()
-        gate = Gate(mode, approve)
+        gate = ApprovalGate(mode, approve)
         store = ConversationStore(workspace, store_root)
         own_client = client is None
         backend = mcp = conversation = None

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from agent.calls.backend import Backend
     from agent.calls.toolbox import Toolbox
     from agent.conversation.store import Conversation
-    from agent.gates.modes import Gate
+    from agent.gates.modes import ApprovalGate
     from agent.lsp.diagnostics import Diagnostics
     from agent.models.base import ContextBudget, Model
     from agent.turns.rules import AgentConfig
@@ -29,7 +29,7 @@ class TurnHost(Protocol):
     budget: ContextBudget  # the route's context window
     system: str  # the system prompt
     toolbox: Toolbox  # what requests declare, where each call goes
-    gate: Gate  # whether a call runs
+    gate: ApprovalGate  # whether a call runs
     diagnostics: Diagnostics  # of the files a call edited
     undo: Undo | None  # the snapshot before a turn's first write
 
