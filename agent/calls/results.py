@@ -15,7 +15,7 @@ __all__ = ["RESULT_CHARS", "NOTES_ROOM", "ToolOutcome", "clip_text", "compose", 
            "process_text", "quoted", "repl_text", "shell_text", "status_words", "host_exec_note",
            "session_lost_text", "not_finished_note", "stale_text", "caption"]
 
-# What a model is shown of one tool result, notices included (seed 000).
+# What a model is shown of one tool result, notices included: at most this many characters.
 RESULT_CHARS = 4000
 # Kept free for the bracketed lines when the daemon is asked for the output.
 NOTES_ROOM = 400

@@ -1,8 +1,8 @@
-"""Compaction (seed 002): when the window of the history (agent/conversation/window.py) would
-exceed the route's context budget, the older part is summarized by the model in one bounded
-request and the turn goes on; if the rest still does not fit, `DoesNotFit`, and the turn fails
-with the conversation kept as it was. A server that refuses a request as too long (its window
-smaller than the budget said) gets one compacted request more (`force`).
+"""Compaction: when the window of the history (agent/conversation/window.py) would exceed the
+route's context budget, the older part is summarized by the model in one bounded request and
+the turn goes on; if the rest still does not fit, `DoesNotFit`, and the turn fails with the
+conversation kept as it was. A server that refuses a request as too long (its window smaller
+than the budget said) gets one compacted request more (`force`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The repository context a request carries in its system prompt (seed 000): a summary of the
-package metadata, the README and the top-level folder, each capped, all capped again at
-CONTEXT_CHARS; no file listing (the agent has tools to find files). Read through the session
-(`gather_context`), so a README that is a symlink to a secret outside the session's view is
-not read either. The history sent with it: agent/conversation/window.py; compaction:
+"""The repository context a request carries in its system prompt: a summary of the package
+metadata, the README and the top-level folder, each capped, all capped again at CONTEXT_CHARS;
+no file listing (the agent has tools to find files). Read through the session
+(`gather_context`), so a README that is a symlink to a secret outside the session's view is not
+read either. The history sent with it: agent/conversation/window.py; compaction:
 agent/conversation/compaction.py.
 """
 

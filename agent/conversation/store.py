@@ -1,5 +1,5 @@
-"""Conversations saved per workspace (seed 000: "the conversation is saved, to the project it
-happened in"): a new agent starts a fresh one, resume goes back to one.
+"""Conversations saved per workspace, to the project each happened in: a new agent starts a
+fresh one, resume goes back to one.
 
 Layout: `<root>/<workspace name>-<hash>/<conversation id>/`, root by default
 `$XDG_STATE_HOME/toolsd/agent` (~/.local/state/toolsd/agent): outside the workspace, so the
@@ -9,7 +9,7 @@ sandboxed code the agent runs cannot rewrite its own record, and git sees nothin
   rename) after each change; what a resumed conversation goes on from.
 - `events.jsonl`: append-only, one JSON object per line (`t`, `turn`, `type`, ...): each
   turn's start, requests, replies, tool calls, approvals, results, compactions and outcome,
-  so a turn reads as a lifecycle (seed 002), not as the last text on a screen.
+  so a turn reads as a lifecycle, not as the last text on a screen.
 - `lock`: held (flock) while an agent has the conversation open. Opening one that nobody
   holds recovers it: a turn that started and has no outcome was in flight when its process
   ended, and is marked `interrupted`; tool calls left without a result get one that says so.

@@ -6,8 +6,8 @@
 - `plan`: read-only. The session itself is opened with `writable: false` (Agent does it), so
   the operating system refuses every write to the workspace whatever the code looks like.
   The classifiers (agent/gates/shell_writes.py, agent/gates/code_writes.py) only give the model an
-  early, clear refusal for what plainly writes; they are not the guard (the seeds' agent
-  relied on classifiers that failed open: a mode in a variable slipped through).
+  early, clear refusal for what plainly writes; they are not the guard (a classifier fails
+  open: a mode in a variable slips through).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The turn loop: one prompt's model requests and tool calls, bounded and supervised.
 
-A turn is one prompt and everything done for it (seed 000): requests to the model, the tool
-calls it asks for (each through the gate, then the backend), their results fed back, until the
-model answers without asking for tools. It is bounded and supervised (seed 002):
+A turn is one prompt and everything done for it: requests to the model, the tool calls it asks
+for (each through the gate, then the backend), their results fed back, until the model answers
+without asking for tools. It is bounded and supervised:
 
 - at most `max_steps` model requests; when they are spent with work left, one bounded
   final-report request (no tool runs after it), and the turn ends `budget_exhausted`;

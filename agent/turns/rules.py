@@ -19,7 +19,7 @@ class Outcome(enum.Enum):
 
 
 class AgentConfig(msgspec.Struct, frozen=True):
-    """The rules of a turn (defaults from the seeds) and how the session is opened."""
+    """The rules of a turn (its budgets and limits) and how the session is opened."""
 
     max_steps: int = 20
     wall_s: float = 1800.0
