@@ -13,9 +13,9 @@ import tempfile
 import psutil
 import pytest
 
-from agent.agent import Agent
 from agent.models.scripted import ScriptedModel
-from agent.turn import AgentConfig
+from agent.turns.agent import Agent
+from agent.turns.rules import AgentConfig
 from model_server import ModelServer
 from conftest import has_ended, short_tempdir, wait_for, wait_gone
 from test_idle import sandbox_of
@@ -66,7 +66,7 @@ async def kit(daemon):
 
 def texts(request) -> list[str]:
     """The text parts of a ModelRequest's messages, in order (tool results included)."""
-    from agent.history import AssistantMessage, Summary, Text, ToolResult, UserMessage
+    from agent.history.messages import AssistantMessage, Summary, Text, ToolResult, UserMessage
 
     out = []
     for m in request.messages:

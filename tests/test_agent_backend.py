@@ -12,9 +12,9 @@ import trio
 import trio.testing
 from PIL import Image
 
-from agent.results import RESULT_CHARS
-from agent.history import ImageRef, ToolResult, UserMessage
-from agent.providers import LEFT_OUT
+from agent.calls.results import RESULT_CHARS
+from agent.history.messages import ImageRef, ToolResult, UserMessage
+from agent.models.providers import LEFT_OUT
 import agentkit
 from agent.models.scripted import call, reply
 from conftest import needs_bwrap, wait_for

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 import agentkit
-from agent.history import AssistantMessage, ModelRequest, Text, ToolCall, ToolResult, UserMessage
+from agent.history.messages import (AssistantMessage, ModelRequest, Text, ToolCall, ToolResult,
+                                    UserMessage)
 from agent.models.anthropic import AnthropicModel
 from agent.models.openai import OpenAIChatModel
-from agent.providers import render_anthropic, render_openai_chat
+from agent.models.providers import render_anthropic, render_openai_chat
 from conftest import needs_bwrap
 from model_server import Call, anthropic_stream, openai_stream, quick_retries
 

@@ -9,9 +9,11 @@ from PIL import Image
 
 import pytest
 
-from agent.compaction import COMPACT_SYSTEM
-from agent.context import CONTEXT_CHARS, METADATA_CHARS, README_CHARS, assemble_context
-from agent.history import (
+from agent.conversation.compaction import COMPACT_SYSTEM
+from agent.conversation.repo_context import (CONTEXT_CHARS, METADATA_CHARS, README_CHARS,
+                                            assemble_context)
+from agent.conversation.window import window
+from agent.history.messages import (
     AssistantMessage,
     ImageRef,
     Summary,
@@ -21,8 +23,7 @@ from agent.history import (
 )
 from agent.models.base import ContextBudget, ContextOverflow
 from agent.models.scripted import ScriptedModel, call, reply
-from agent.turn import AgentConfig
-from agent.window import window
+from agent.turns.rules import AgentConfig
 import agentkit
 from conftest import needs_bwrap
 

@@ -11,10 +11,10 @@ import textwrap
 
 import pytest
 
-from agent.agent import Agent
-from agent.conversation import ConversationBusy, ConversationDamaged, ConversationStore
-from agent.history import AssistantMessage, UserMessage
+from agent.conversation.store import ConversationBusy, ConversationDamaged, ConversationStore
+from agent.history.messages import AssistantMessage, UserMessage
 from agent.models.scripted import ScriptedModel, reply
+from agent.turns.agent import Agent
 import agentkit
 from conftest import needs_bwrap, wait_for
 from toolsd.client import ToolsdError
@@ -63,7 +63,7 @@ async def test_resume_latest(kit):
 
 AGENT_THAT_HANGS = textwrap.dedent("""
     import sys, trio
-    from agent.agent import Agent
+    from agent.turns.agent import Agent
     from agent.models.scripted import ScriptedModel, call, reply
 
     async def main(socket, workspace, store):

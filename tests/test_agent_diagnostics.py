@@ -15,13 +15,13 @@ import msgspec
 import pytest
 
 import agentkit
-from agent.diagnostics import HEADER, Limits
-from agent.lsp_servers import choices, language_of
-from agent.lsp_wire import Deframer, Flood, Garbled, frame, read_published
+from agent.calls.results import RESULT_CHARS
+from agent.calls.toolbox import Toolbox
+from agent.lsp.diagnostics import HEADER, DiagnosticLimits
+from agent.lsp.servers import choices, language_of
+from agent.lsp.wire import Deframer, Flood, Garbled, frame, read_published
 from agent.models.scripted import ScriptedModel, call, reply
-from agent.results import RESULT_CHARS
-from agent.settings import Settings
-from agent.toolbox import Toolbox
+from agent.turns.settings import Settings
 from conftest import needs_bwrap
 
 pytestmark = pytest.mark.daemon(shared=True)
@@ -100,7 +100,7 @@ class FileTools(Toolbox):
         return outcome
 
 
-async def open_agent(kit, mode: str, script, limits: Limits = Limits()):
+async def open_agent(kit, mode: str, script, limits: DiagnosticLimits = DiagnosticLimits()):
     model = ScriptedModel(script)
     agent = await kit.open(model=model, settings=fake(kit, mode))
     agent.toolbox = FileTools(agent.backend, agent.toolbox.catalog)
@@ -160,7 +160,7 @@ async def test_a_server_that_never_answers_is_bounded_and_said(kit):
         reply("", call("run_terminal", command="printf 'y = TYPE_ERROR\\n' > a.py")),
         reply("", call("run_terminal", command="printf 'z = 1\\n' > a.py")),
         reply("Done."),
-    ], Limits(start_s=2, wait_s=2))
+    ], DiagnosticLimits(start_s=2, wait_s=2))
     assert (await agent.run_turn("go")).outcome == "completed"
     assert runtime_messages(model.requests[1]) == [
         f"{HEADER}\na.py: no diagnostics: fake_lsp_server.py did not answer initialize "
@@ -245,7 +245,8 @@ async def test_a_real_language_server_reports_the_type_error(kit):
     ])
     agent = await kit.open(model=model, settings=Settings(lsp={"python": [PYLSP]}))
     agent.toolbox = FileTools(agent.backend, agent.toolbox.catalog)
-    agent.diagnostics.limits = Limits(start_s=60, wait_s=120)  # mypy's first run is slow
+    # mypy's first run is slow
+    agent.diagnostics.limits = DiagnosticLimits(start_s=60, wait_s=120)
     assert (await agent.run_turn("go")).outcome == "completed"
     [message] = runtime_messages(model.requests[1])
     assert message.startswith(f"{HEADER}\ntyped.py (pylsp): ")

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from agent.history import ToolResult
+from agent.history.messages import ToolResult
 from agent.models.scripted import call, reply
 import agentkit
 from conftest import needs_bwrap
@@ -103,7 +103,7 @@ async def test_write_file_makes_folders_and_edit_file_replaces_exactly(kit):
     assert seen[4] == "edited src/deep/app.py: 2 replacements."
     assert seen[5].startswith("edit_file: missing.py does not exist; create it with "
                               "write_file")
-    # The edits name their file for diagnostics (agent/diagnostics.py's hook).
+    # The edits name their file for diagnostics (agent/lsp/diagnostics.py's hook).
     outcome = await agent.backend.call(call("write_file", path="w.py", content="x = 1\n"))
     assert outcome.edited == [os.path.join(kit.workspace, "w.py")]
 
@@ -184,7 +184,7 @@ async def test_ask_mode_shows_the_diff_and_writes_only_on_yes(kit):
 
 @needs_bwrap
 async def test_a_write_to_a_session_opened_read_only_says_so(kit):
-    from agent.backend import Backend
+    from agent.calls.backend import Backend
 
     client = await kit.daemon.async_client()
     backend = await Backend.open(client, kit.workspace, writable=False)

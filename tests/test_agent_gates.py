@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from agent.gates import node_write, python_write, shell_write
-from agent.history import ToolCall, ToolResult
+from agent.gates.code_writes import node_write, python_write
+from agent.gates.shell_writes import shell_write
+from agent.history.messages import ToolCall, ToolResult
 from agent.models.scripted import call, reply
 import agentkit
 from conftest import needs_bwrap

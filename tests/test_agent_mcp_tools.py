@@ -15,11 +15,11 @@ import pytest
 import trio
 
 import agentkit
-from agent.catalog import Catalog, Deferred
-from agent.history import ToolSpec
+from agent.calls.catalog import Catalog, Deferred
+from agent.calls.tools import TOOLS, TOOL_NAMES
+from agent.history.messages import ToolSpec
 from agent.models.scripted import ScriptedModel, call, reply
-from agent.settings import Settings, SettingsError, load_settings, parse_file
-from agent.tools import TOOLS, TOOL_NAMES
+from agent.turns.settings import Settings, SettingsError, load_settings, parse_file
 from conftest import needs_bwrap, wait_gone
 from model_server import Call, ModelServer, openai_stream
 from test_agent_cli import argv, run
@@ -297,7 +297,7 @@ def test_a_search_lists_within_bounds_whatever_the_server_wrote():
 async def test_deferring_keeps_the_tool_block_small(tmp_path, files):
     """The figure in the README: what the tool block costs (characters / 4) with the 30
     tools deferred behind tool_search, and with all of them declared."""
-    from agent.mcp_tools import McpTools
+    from agent.calls.mcp_tools import McpTools
 
     mcp = McpTools(SETTINGS.mcp, str(tmp_path), str(tmp_path))
     await mcp.start()

@@ -147,7 +147,7 @@ def test_a_queued_prompt_can_be_dropped_or_kept_for_continue(place, daemon):
 
 
 def test_what_a_run_says_of_what_it_finds(tmp_path):
-    from agent.offline import PromptQueue, start_lines
+    from agent.turns.offline import PromptQueue, start_lines
 
     queue = PromptQueue(str(tmp_path))
     assert start_lines([], queue) == []

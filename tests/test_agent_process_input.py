@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 import agentkit
-from agent.history import ToolResult
+from agent.calls.results import process_text
+from agent.history.messages import ToolResult
 from agent.models.scripted import call, reply
-from agent.results import process_text
-from agent.turn import AgentConfig
+from agent.turns.rules import AgentConfig
 from conftest import needs_bwrap, wait_gone
 
 pytestmark = pytest.mark.daemon(shared=True)

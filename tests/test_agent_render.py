@@ -1,5 +1,6 @@
-"""A real turn's requests, rendered by agent/providers.py for each provider: every tool call
-answered next to it, the picture on the user message after the results, roles in order."""
+"""A real turn's requests, rendered by agent/models/providers.py for each provider the agent speaks
+to: every tool call answered next to it, the picture on the user message after the results,
+roles in order."""
 
 from __future__ import annotations
 
@@ -9,14 +10,9 @@ import pytest
 from PIL import Image
 
 import agentkit
+from agent.models.providers import render_anthropic, render_openai_chat
 from agent.models.scripted import call, reply
-from agent.providers import (
-    render_anthropic,
-    render_gemini,
-    render_openai_chat,
-    render_openai_responses,
-)
-from agent.turn import AgentConfig
+from agent.turns.rules import AgentConfig
 from conftest import needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
@@ -78,27 +74,3 @@ async def test_openai_chat_shape(recorded):
     last = render_openai_chat(recorded.requests[1], recorded.images[1])["messages"]
     assert last[-1]["role"] == "user"
     assert [p["type"] for p in last[-1]["content"]] == ["text", "image_url"]
-
-
-async def test_openai_responses_shape(recorded):
-    for request, images in zip(recorded.requests, recorded.images):
-        items = render_openai_responses(request, images)["input"]
-        calls = [(i, x["call_id"]) for i, x in enumerate(items)
-                 if x.get("type") == "function_call"]
-        outputs = {x["call_id"]: i for i, x in enumerate(items)
-                   if x.get("type") == "function_call_output"}
-        assert all(cid in outputs and outputs[cid] > i for i, cid in calls)
-
-
-async def test_gemini_shape(recorded):
-    for request, images in zip(recorded.requests, recorded.images):
-        contents = render_gemini(request, images)["contents"]
-        roles = [c["role"] for c in contents]
-        assert roles[0] == "user" and all(a != b for a, b in zip(roles, roles[1:]))
-        for i, c in enumerate(contents):
-            n = sum("functionCall" in p for p in c["parts"])
-            if n:
-                answered = sum("functionResponse" in p for p in contents[i + 1]["parts"])
-                assert answered == n
-    second = render_gemini(recorded.requests[1], recorded.images[1])["contents"]
-    assert any("inlineData" in p for p in second[-1]["parts"])

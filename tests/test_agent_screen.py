@@ -1,9 +1,9 @@
-"""What `toolsd agent` shows of a turn, line by line (agent/screen.py: pure)."""
+"""What `toolsd agent` shows of a turn, line by line (agent/terminal/screen.py: pure)."""
 
 from __future__ import annotations
 
-from agent.gates import Declined
-from agent.screen import (
+from agent.gates.modes import Declined
+from agent.terminal.screen import (
     ASCII,
     UNICODE,
     approval_question,
@@ -63,7 +63,7 @@ def test_the_outcome_line_says_how_and_in_how_many_steps():
 def test_answers_and_the_question():
     assert [read_answer(a) for a in ("y", " Yes\n", "n", "NO", "a", "always", "", "maybe")] == \
         [True, True, False, False, "always", "always", None, None]
-    # A no can say why; the model is told (agent/gates.py).
+    # A no can say why; the model is told (agent/gates/modes.py).
     assert [read_answer(a) for a in ("n use uv instead", "No: not on main", "n - too slow",
                                      "nope", "now")] == \
         [Declined("use uv instead"), Declined("not on main"), Declined("too slow"), None, None]
@@ -112,7 +112,7 @@ def test_a_replaced_session_is_one_line():
 
 
 def test_a_diagnostics_event_is_one_short_line():
-    from agent.screen import diagnostics_line
+    from agent.terminal.screen import diagnostics_line
 
     event = {"type": "diagnostics", "files": [
         {"path": "a.py", "server": "pylsp", "why": "", "count": 2},

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import agentkit
-from agent.history import Text, ToolResult, UserMessage
+from agent.history.messages import Text, ToolResult, UserMessage
 from agent.models.scripted import call, reply
 from agentkit import kill_sandbox
 from conftest import RunningDaemon, needs_bwrap, short_tempdir, wait_for

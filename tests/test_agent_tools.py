@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgspec
 
-from agent.tools import READ_ONLY, TOOLS
+from agent.calls.tools import READ_ONLY, TOOLS
 
-# The seed's five tools cost ~907 tokens of schema; all seven of ours (process_write and
-# process_start's tty included) stayed under 900; the four file tools (issue 27) raised it.
+# Seven tools (process_write and process_start's tty included) stayed under 900 tokens of
+# schema; the four file tools (issue 27) raised it.
 TOKEN_LIMIT = 950
 
 

@@ -10,11 +10,12 @@ import random
 import pytest
 import trio
 
-from agent.results import RESULT_CHARS
-from agent.history import AssistantMessage, ToolCall, ToolResult, UserMessage
+from agent.calls.results import RESULT_CHARS
+from agent.history.messages import AssistantMessage, ToolCall, ToolResult, UserMessage
+from agent.models.providers import render_anthropic
 from agent.models.scripted import Streamed, call, reply
-from agent.providers import render_anthropic
-from agent.turn import NUDGE, AgentConfig
+from agent.turns.loop import NUDGE
+from agent.turns.rules import AgentConfig
 import agentkit
 from agentkit import texts
 from conftest import needs_bwrap, wait_gone

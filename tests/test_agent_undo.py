@@ -13,7 +13,7 @@ import pexpect
 import pytest
 
 from agent.models.scripted import call, reply
-from agent.undo import slash
+from agent.turns.undo import slash
 import agentkit
 from conftest import needs_bwrap
 from model_server import Call, openai_stream

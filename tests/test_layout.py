@@ -34,6 +34,11 @@ EXCEPTIONS = {("toolsd.cli.serve", "toolsd.daemon.serve"),
               ("toolsd.cli.doctor", "toolsd.sandbox.probe"),
               ("toolsd.cli.doctor", "toolsd.sandbox.host_checks"),
               ("toolsd.cli.cluster", "toolsd.cluster")}
+# The agent's subpackages, lowest first: a module may import its own subpackage and those
+# before it, never one after it (no circle between them), and nothing of the agent lives
+# outside them (a flat module beside them would be a layer of no known place).
+AGENT_LAYERS = ("history", "models", "conversation", "calls", "lsp", "gates", "turns",
+                "terminal", "mcp")
 # The server: what reads the socket and routes requests. Tools never see it.
 SERVER = ("toolsd.daemon.serve", "toolsd.daemon.connection", "toolsd.daemon.dispatch",
           "toolsd.daemon.requests")
@@ -88,6 +93,22 @@ def layer(module: str) -> str | None:
     return None
 
 
+def agent_layer(module: str) -> str | None:
+    """The agent subpackage a module of the agent's is in ("" for a flat module)."""
+    parts = module.split(".")
+    if parts[0] != "agent" or len(parts) == 1:
+        return None
+    return parts[1] if _is_package(".".join(parts[:2])) else ""
+
+
+def _is_package(name: str) -> bool:
+    return (ROOT.joinpath(*name.split(".")) / "__init__.py").is_file()
+
+
+def ours(module: str) -> bool:
+    return layer(module) is not None or module.split(".")[0] == "agent"
+
+
 def where(path: pathlib.Path, line: int) -> str:
     return f"{path.relative_to(ROOT)}:{line}"
 
@@ -119,9 +140,8 @@ def import_graph() -> dict[str, set[str]]:
     """module -> the modules of ours it imports (under TYPE_CHECKING and inside functions
     too): a package's import of `a.b.c` counts as importing the module a.b.c."""
     graph: dict[str, set[str]] = {}
-    for path in python_files("toolsd/**/*.py", "driver/*.py"):
-        graph[module_name(path)] = {t for t, _, _ in imports(path)
-                                    if layer(t) is not None and _is_module(t)}
+    for path in python_files("toolsd/**/*.py", "driver/*.py", "agent/**/*.py"):
+        graph[module_name(path)] = {t for t, _, _ in imports(path) if ours(t) and _is_module(t)}
     return graph
 
 
@@ -180,6 +200,60 @@ def test_no_import_circle_spans_two_folders():
     wide = [sorted(c) for c in strongly_connected(import_graph())
             if len({folder(m) for m in c}) > 1]
     assert wide == [], "import circles across folders:\n" + "\n".join(map(str, wide))
+
+
+def test_no_import_circle_in_the_agent():
+    # The agent's jobs are small enough to need none even inside a folder: the turn loop once
+    # imported the Agent that runs it (under TYPE_CHECKING), and the Agent the loop.
+    circles = [sorted(c) for c in strongly_connected(import_graph())
+               if any(m.split(".")[0] == "agent" for m in c)]
+    assert circles == [], "import circles in agent/:\n" + "\n".join(map(str, circles))
+
+
+def test_the_agent_is_in_its_subpackages():
+    flat = sorted(p.name for p in (ROOT / "agent").glob("*.py"))
+    folders = sorted(p.parent.name for p in (ROOT / "agent").glob("*/*.py"))
+    assert flat == ["__init__.py"], flat
+    assert set(folders) == set(AGENT_LAYERS), set(folders) ^ set(AGENT_LAYERS)
+    # Each is a package, so that the install (`agent*` in pyproject.toml) takes it.
+    missing = [f for f in AGENT_LAYERS if not _is_package(f"agent.{f}")]
+    assert missing == [], missing
+
+
+def test_agent_subpackages_import_only_downward():
+    bad = []
+    for path in python_files("agent/**/*.py"):
+        mine = agent_layer(module_name(path))
+        if not mine:
+            continue
+        for target, line, _ in imports(path):
+            theirs = agent_layer(target)
+            if theirs is None or theirs == mine:
+                continue
+            if theirs not in AGENT_LAYERS:
+                bad.append(f"{where(path, line)}: {mine} imports {target}, in no subpackage")
+            elif AGENT_LAYERS.index(theirs) > AGENT_LAYERS.index(mine):
+                bad.append(f"{where(path, line)}: {mine} may not import {theirs} ({target})")
+    assert bad == [], "\n".join(dict.fromkeys(bad))
+
+
+def _classes(*patterns: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in python_files(*patterns):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(where(path, node.lineno))
+    return found
+
+
+def test_an_agent_class_name_names_one_class_in_the_tree():
+    # One name, one class: a reader (or a grep) who meets `Gate` knows which one it is. Held
+    # for the agent's classes against the whole tree; toolsd and driver still share one name
+    # between them (Launcher: the daemon's and the in-sandbox one).
+    everywhere = _classes("toolsd/**/*.py", "driver/*.py", "agent/**/*.py")
+    shared = sorted(f"{name}: {', '.join(places)}" for name, places in everywhere.items()
+                    if len(places) > 1 and any(p.startswith("agent/") for p in places))
+    assert shared == [], "\n".join(shared)
 
 
 def test_the_exceptions_import_inside_their_function():
@@ -258,11 +332,11 @@ def test_the_cli_and_the_client_load_no_daemon_machinery():
 
 def test_every_module_imports_on_its_own():
     # An import cycle shows as an ImportError when a module of the cycle is imported first.
-    names = [module_name(p) for p in python_files("toolsd/**/*.py")
+    names = [module_name(p) for p in python_files("toolsd/**/*.py", "agent/**/*.py")
              if p.name != "__main__.py"]
     code = ("import importlib, sys\n"
             "for name in sys.argv[1:]:\n"
-            "    for m in [k for k in sys.modules if k == 'toolsd' or k.startswith('toolsd.')]:\n"
+            "    for m in [k for k in sys.modules if k.split('.')[0] in ('toolsd', 'agent')]:\n"
             "        del sys.modules[m]\n"
             "    try:\n"
             "        importlib.import_module(name)\n"

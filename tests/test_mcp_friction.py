@@ -9,7 +9,7 @@ import os
 import pytest
 
 import agentkit
-from agent.tools import TOOLS
+from agent.calls.tools import TOOLS
 from conftest import needs_bwrap, wait_gone
 from test_mcp_server import connect, texts
 
@@ -75,8 +75,8 @@ async def test_numbers_sent_as_strings_are_read_as_numbers(place, daemon):
 
 
 def test_the_agent_reads_numbers_sent_as_strings_too():
-    from agent.arguments import ProcessOutput, RunTerminal, parse_arguments
-    from agent.history import ToolCall
+    from agent.calls.arguments import ProcessOutput, RunTerminal, parse_arguments
+    from agent.history.messages import ToolCall
 
     assert parse_arguments(ToolCall("c1", "run_terminal", {"command": "ls", "timeout_s": "5"})) \
         == RunTerminal("ls", 5.0)

@@ -22,7 +22,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from PIL import Image
 
 import agentkit
-from agent.tools import TOOLS
+from agent.calls.tools import TOOLS
 from agentkit import descendants, kill_sandbox, running
 from conftest import has_ended, needs_bwrap, wait_for, wait_gone
 

@@ -8,7 +8,7 @@ import base64
 
 import pytest
 
-from agent.history import (
+from agent.history.messages import (
     AssistantMessage,
     ImageRef,
     LoadedImage,

@@ -10,10 +10,10 @@ import threading
 import pytest
 import trio
 
-from agent.history import ModelRequest, Text, ToolSpec, UserMessage
+from agent.history.messages import ModelRequest, Text, ToolSpec, UserMessage
+from agent.models import transport
 from agent.models.base import ContextBudget, ContextOverflow, ModelError, Usage
 from agent.models.openai import OpenAIChatModel
-from agent.models import transport
 from model_server import (
     SSE,
     Call,

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from agent.models.anthropic import MessagesAssembler
 from agent.models.base import ModelError
 from agent.models.openai import ChatAssembler
-from agent.models.stream import Event, SSEDecoder, parse_arguments
+from agent.models.stream import ServerSentEvent, SSEDecoder, parse_arguments
 from agent.models.transport import RetryPolicy, Transient, retry_after
 from model_server import Call, anthropic_stream, openai_stream
 
 
-def decode(text: str) -> list[Event]:
+def decode(text: str) -> list[ServerSentEvent]:
     decoder = SSEDecoder()
     events = [decoder.feed(line) for line in text.split("\n")]
     return [e for e in [*events, decoder.close()] if e is not None]
@@ -34,8 +34,8 @@ def test_sse_events_as_servers_send_them():
                   "data: line one\ndata: line two\n\n"
                   "retry: 100\n\n"
                   "data: [DONE]") == [
-        Event("ping", "{}"), Event("", '{"no":"space"}'), Event("", "line one\nline two"),
-        Event("", "[DONE]")]
+        ServerSentEvent("ping", "{}"), ServerSentEvent("", '{"no":"space"}'),
+        ServerSentEvent("", "line one\nline two"), ServerSentEvent("", "[DONE]")]
 
 
 def test_arguments_empty_are_an_empty_object_and_null_is_an_error():

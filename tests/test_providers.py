@@ -7,11 +7,6 @@ documentation gives:
 - OpenAI chat completions: platform.openai.com/docs/api-reference/chat/create (system message,
   assistant tool_calls with JSON-string arguments, `tool` messages with tool_call_id,
   image_url content parts).
-- OpenAI Responses: platform.openai.com/docs/api-reference/responses/create (instructions,
-  function_call / function_call_output items, input_text / input_image, flat function tools).
-- Gemini generateContent: ai.google.dev/api/generate-content and .../function-calling
-  (systemInstruction, roles user/model, functionCall / functionResponse parts, inlineData,
-  tools[].functionDeclarations).
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 
-from agent.history import (
+from agent.history.messages import (
     AssistantMessage,
     ImageRef,
     LoadedImage,
@@ -31,12 +26,10 @@ from agent.history import (
     ToolSpec,
     UserMessage,
 )
-from agent.providers import (
+from agent.models.providers import (
     LEFT_OUT,
     render_anthropic,
-    render_gemini,
     render_openai_chat,
-    render_openai_responses,
     within_request,
 )
 
@@ -116,64 +109,12 @@ def test_openai_chat_shape():
     }
 
 
-def test_openai_responses_shape():
-    assert render_openai_responses(conversation(), LOADED) == {
-        "instructions": "You are a coding agent.",
-        "max_output_tokens": 1000,
-        "store": False,
-        "tools": [{"type": "function", "name": "read_image", "description": "Look at a picture.",
-                   "parameters": SCHEMA, "strict": False}],
-        "input": [
-            {"role": "user", "content": [{"type": "input_text", "text": "What is in shot.png?"}]},
-            {"role": "assistant", "content": "Let me look."},
-            {"type": "function_call", "call_id": "call_1", "name": "read_image",
-             "arguments": '{"path":"shot.png"}'},
-            {"type": "function_call_output", "call_id": "call_1",
-             "output": "image attached below"},
-            {"role": "user", "content": [
-                {"type": "input_text", "text": "The image shot.png:"},
-                {"type": "input_image", "detail": "auto",
-                 "image_url": f"data:image/png;base64,{B64}"}]},
-            {"role": "assistant", "content": "A red square."},
-            {"role": "user", "content": [{"type": "input_text", "text": "Thanks"}]},
-        ],
-    }
-
-
-def test_gemini_shape():
-    assert render_gemini(conversation(), LOADED) == {
-        "systemInstruction": {"parts": [{"text": "You are a coding agent."}]},
-        "generationConfig": {"maxOutputTokens": 1000},
-        "tools": [{"functionDeclarations": [
-            {"name": "read_image", "description": "Look at a picture.", "parameters": SCHEMA}]}],
-        "contents": [
-            {"role": "user", "parts": [{"text": "What is in shot.png?"}]},
-            {"role": "model", "parts": [
-                {"text": "Let me look."},
-                {"functionCall": {"name": "read_image", "args": {"path": "shot.png"}}}]},
-            {"role": "user", "parts": [
-                {"functionResponse": {"name": "read_image",
-                                      "response": {"output": "image attached below"}}},
-                {"text": "The image shot.png:"},
-                {"inlineData": {"mimeType": "image/png", "data": B64}}]},
-            {"role": "model", "parts": [{"text": "A red square."}]},
-            {"role": "user", "parts": [{"text": "Thanks"}]},
-        ],
-    }
-
-
 def test_vanished_image_is_reported_as_text_in_every_shape():
     anthropic = render_anthropic(conversation(), GONE)["messages"][2]["content"]
     assert anthropic[2] == {"type": "text", "text": GONE_TEXT}
     chat = render_openai_chat(conversation(), GONE)["messages"][4]
     assert chat == {"role": "user", "content": f"The image shot.png:\n\n{GONE_TEXT}"}
-    responses = render_openai_responses(conversation(), GONE)["input"][4]["content"]
-    assert responses[1] == {"type": "input_text", "text": GONE_TEXT}
-    gemini = render_gemini(conversation(), GONE)["contents"][2]["parts"]
-    assert gemini[2] == {"text": GONE_TEXT}
-    for body in (render_anthropic(conversation(), GONE), render_openai_chat(conversation(), GONE),
-                 render_openai_responses(conversation(), GONE),
-                 render_gemini(conversation(), GONE)):
+    for body in (render_anthropic(conversation(), GONE), render_openai_chat(conversation(), GONE)):
         assert B64 not in json.dumps(body)
 
 
@@ -212,18 +153,6 @@ def test_image_rides_after_all_tool_results_never_inside_one():
     assert chat[3]["content"] == "Error: exit 2: no such dir"
     assert chat[4]["content"][1]["type"] == "image_url"
 
-    items = render_openai_responses(req, LOADED)["input"]
-    assert [i.get("type", i.get("role")) for i in items] == [
-        "user", "function_call", "function_call", "function_call_output",
-        "function_call_output", "user"]
-    assert items[-1]["content"][1]["type"] == "input_image"
-
-    contents = render_gemini(req, LOADED)["contents"]
-    assert [c["role"] for c in contents] == ["user", "model", "user"]
-    parts = contents[-1]["parts"]
-    assert [next(iter(p)) for p in parts] == ["functionResponse", "functionResponse", "text",
-                                              "inlineData"]
-    assert parts[1]["functionResponse"]["response"] == {"error": "exit 2: no such dir"}
 
 
 def test_summary_is_a_user_message_saying_it_summarises_and_merges():
@@ -235,14 +164,8 @@ def test_summary_is_a_user_message_saying_it_summarises_and_merges():
     assert len(anthropic) == 1 and anthropic[0]["role"] == "user"
     assert anthropic[0]["content"][0] == {"type": "text", "text": expected_text}
     assert anthropic[0]["content"][1]["text"] == "Now the CLI."
-    gemini = render_gemini(req, {})["contents"]
-    assert gemini == [{"role": "user", "parts": [{"text": expected_text},
-                                                 {"text": "Now the CLI."}]}]
     chat = render_openai_chat(req, {})["messages"]
     assert chat == [{"role": "user", "content": f"{expected_text}\n\nNow the CLI."}]
-    responses = render_openai_responses(req, {})["input"]
-    assert responses[0]["content"] == [{"type": "input_text", "text": expected_text}]
-    assert "instructions" not in render_openai_responses(req, {})
 
 
 def test_a_call_without_its_result_is_answered_and_a_stray_result_kept_as_text():

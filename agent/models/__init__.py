@@ -1,0 +1,2 @@
+"""The model adapters, one per wire, and the request shapes they send (providers.py).
+Above history only."""

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.history import ImageRef, LoadedImage, ModelRequest, ToolCall
-from agent.models.base import ContextBudget, ModelError, ModelReply, Usage
+from agent.history.messages import ImageRef, LoadedImage, ModelRequest, ToolCall
 from agent.models import probe
+from agent.models.base import ContextBudget, ModelError, ModelReply, Usage
 from agent.models.budget import context_budget
+from agent.models.providers import render_anthropic
 from agent.models.stream import (
     as_dict,
     as_list,
@@ -31,7 +32,6 @@ from agent.models.transport import (
     endpoint_url,
     post_streamed,
 )
-from agent.providers import render_anthropic
 
 API_VERSION = "2023-06-01"
 _STOPS = {"end_turn": "end", "stop_sequence": "end", "tool_use": "tool_use",

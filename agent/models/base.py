@@ -1,7 +1,7 @@
 """What every model adapter offers the turn loop, whatever its wire.
 
 An adapter (`openai.py`, `anthropic.py`, `scripted.py`) turns a `ModelRequest` into the
-provider's request (through `agent/providers.py`), sends it, and assembles the reply, calling
+provider's request (through `agent/models/providers.py`), sends it, and assembles the reply, calling
 `on_text` with the text as it streams. Errors a person must act on (wrong URL, key, model)
 raise `ModelError` with a one-line message; transient ones are retried inside the adapter.
 """
@@ -13,7 +13,7 @@ from typing import Protocol
 
 import msgspec
 
-from agent.history import ImageRef, LoadedImage, ModelRequest, ToolCall
+from agent.history.messages import ImageRef, LoadedImage, ModelRequest, ToolCall
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -55,7 +55,7 @@ class ContextBudget(msgspec.Struct, frozen=True):
 
 class Model(Protocol):
     name: str
-    # The request shape it sends, one of agent.providers.PROVIDERS: what the pictures of a
+    # The request shape it sends, one of agent.models.providers.PROVIDERS: what the pictures of a
     # request are fitted to.
     provider: str
 
@@ -77,4 +77,4 @@ class ContextOverflow(ModelError):
 class Unreachable(ModelError):
     """Nothing answered at the endpoint (the connection was refused): nothing of the request
     was sent, so it can be sent again as it is once the endpoint answers
-    (agent/offline.py)."""
+    (agent/turns/offline.py)."""

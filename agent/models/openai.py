@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.history import ImageRef, LoadedImage, ModelRequest, ToolCall
-from agent.models.base import ContextBudget, ModelError, ModelReply, Usage
+from agent.history.messages import ImageRef, LoadedImage, ModelRequest, ToolCall
 from agent.models import probe
+from agent.models.base import ContextBudget, ModelError, ModelReply, Usage
 from agent.models.budget import context_budget
+from agent.models.providers import render_openai_chat
 from agent.models.stream import (
     as_dict,
     as_list,
@@ -34,7 +35,6 @@ from agent.models.transport import (
     error_detail,
     post_streamed,
 )
-from agent.providers import render_openai_chat
 
 _STOPS = {"stop": "end", "length": "max_tokens", "tool_calls": "end", "function_call": "end"}
 

@@ -1,5 +1,5 @@
 """Two questions an agent asks a model endpoint besides requests, each bounded in time:
-whether it answers at all (`unreachable`: the offline queue, agent/offline.py), and what
+whether it answers at all (`unreachable`: the offline queue, agent/turns/offline.py), and what
 context window it reports for the model (`reported_budget`, agent/models/limits.py reads the
 reply). Neither ever raises for a server that is down, slow or odd: it says so, or None.
 

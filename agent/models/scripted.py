@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import trio
 
-from agent.history import ImageRef, LoadedImage, ModelRequest, ToolCall
+from agent.history.messages import ImageRef, LoadedImage, ModelRequest, ToolCall
 from agent.models.base import ContextBudget, ModelError, ModelReply
 
 __all__ = ["ScriptedModel", "Streamed", "reply", "call"]

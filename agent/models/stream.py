@@ -13,10 +13,10 @@ from typing import Any
 
 import msgspec
 
-from agent.history import ToolCall
+from agent.history.messages import ToolCall
 
 
-class Event(msgspec.Struct, frozen=True):
+class ServerSentEvent(msgspec.Struct, frozen=True):
     """One server-sent event: `event` is "" when the server named none."""
 
     event: str
@@ -32,7 +32,7 @@ class SSEDecoder:
         self._data: list[str] = []
         self._partial: list[str] = []  # the line the last text ended in
 
-    def feed_text(self, text: str) -> list[Event]:
+    def feed_text(self, text: str) -> list[ServerSentEvent]:
         """Text as it arrives, cut anywhere: the events its complete lines end."""
         if "\n" not in text:
             self._partial.append(text)
@@ -43,7 +43,7 @@ class SSEDecoder:
         return [e for e in map(self.feed, (line.removesuffix("\r") for line in lines))
                 if e is not None]
 
-    def feed(self, line: str) -> Event | None:
+    def feed(self, line: str) -> ServerSentEvent | None:
         """One line, without its line ending."""
         if not line:
             return self._dispatch()
@@ -57,18 +57,18 @@ class SSEDecoder:
             self._event = value
         return None
 
-    def close(self) -> Event | None:
+    def close(self) -> ServerSentEvent | None:
         """The event a server left without its closing blank line, if any."""
         if self._partial:
             self.feed("".join(self._partial).removesuffix("\r"))
             self._partial = []
         return self._dispatch()
 
-    def _dispatch(self) -> Event | None:
+    def _dispatch(self) -> ServerSentEvent | None:
         if not self._data:
             self._event = ""
             return None
-        event = Event(self._event, "\n".join(self._data))
+        event = ServerSentEvent(self._event, "\n".join(self._data))
         self._event, self._data = "", []
         return event
 

@@ -77,7 +77,7 @@ def connect(args, socket: str | Target | None = None, *,
 
 def answers(socket_path: str) -> bool:
     """Whether a toolsd daemon answers `hello` on `socket_path`."""
-    from agent.own_daemon import answers as daemon_answers
+    from agent.calls.own_daemon import answers as daemon_answers
 
     return daemon_answers(socket_path)
 
@@ -85,9 +85,9 @@ def answers(socket_path: str) -> bool:
 @contextlib.contextmanager
 def daemon_socket(args, command: str) -> Iterator[str | Target]:
     """The daemon to use for the block, by the rule `toolsd agent` and `toolsd mcp` follow
-    (agent/own_daemon.py): a remote one (tls://) as it is; the one answering on the socket;
+    (agent/calls/own_daemon.py): a remote one (tls://) as it is; the one answering on the socket;
     else one started for this run only, said on stderr, stopped when the block ends."""
-    from agent.own_daemon import DaemonFailed, toolsd_socket
+    from agent.calls.own_daemon import DaemonFailed, toolsd_socket
 
     def say(message: str) -> None:
         print(f"toolsd {command}: {message}", file=sys.stderr, flush=True)

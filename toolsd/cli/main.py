@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agent import cli as agent_cli, mcp_server
+from agent.mcp import server as mcp_server
+from agent.terminal import cli as agent_cli
 from toolsd.cli import (
     attach,
     close_session,

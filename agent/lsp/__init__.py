@@ -1,0 +1,1 @@
+"""Diagnostics after edits, from language servers run in the session. Above calls."""
