@@ -237,25 +237,6 @@ def test_agent_subpackages_import_only_downward():
     assert bad == [], "\n".join(dict.fromkeys(bad))
 
 
-def _classes(*patterns: str) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    for path in python_files(*patterns):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ClassDef):
-                found.setdefault(node.name, []).append(where(path, node.lineno))
-    return found
-
-
-def test_an_agent_class_name_names_one_class_in_the_tree():
-    # One name, one class: a reader (or a grep) who meets `Gate` knows which one it is. Held
-    # for the agent's classes against the whole tree; toolsd and driver still share one name
-    # between them (Launcher: the daemon's and the in-sandbox one).
-    everywhere = _classes("toolsd/**/*.py", "driver/*.py", "agent/**/*.py")
-    shared = sorted(f"{name}: {', '.join(places)}" for name, places in everywhere.items()
-                    if len(places) > 1 and any(p.startswith("agent/") for p in places))
-    assert shared == [], "\n".join(shared)
-
-
 def test_the_exceptions_import_inside_their_function():
     # At module level they would load the daemon for every subcommand.
     bad = []
@@ -367,14 +348,16 @@ def _classes(path: pathlib.Path) -> list[str]:
 
 
 def test_no_two_classes_share_a_name():
-    # Two `Launcher`s (the daemon's handle, the sandbox's init) or two `Repl`s make every
-    # reader of a trace or a test ask which one is meant.
-    twice = _names_used_twice(python_files("toolsd/**/*.py", "driver/*.py"), _classes)
+    # One name, one class: a reader (or a grep) who meets `Gate` or `Launcher` knows which
+    # one it is (there were two Launchers, the daemon's handle and the sandbox's init).
+    twice = _names_used_twice(python_files("toolsd/**/*.py", "driver/*.py", "agent/**/*.py"),
+                              _classes)
     assert twice == {}, "\n".join(f"class {n}: {', '.join(p)}" for n, p in twice.items())
 
 
 def test_no_two_modules_share_a_name():
     # job.py next to jobs.py, two launcher.py, two relay.py: a name that says the job once.
+    # (agent/ is read by subpackage, agent/mcp/server.py; it is held to one class a name.)
     paths = [p for p in python_files("toolsd/**/*.py", "driver/*.py")
              if p.name != "__init__.py"
              and not str(p.relative_to(ROOT)).startswith(MIRRORS)]
