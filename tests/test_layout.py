@@ -210,6 +210,16 @@ def test_no_import_circle_in_the_agent():
     assert circles == [], "import circles in agent/:\n" + "\n".join(map(str, circles))
 
 
+def test_no_import_circle_in_the_daemon():
+    # The Supervisor owns sessions, the spare pool and the tenants' check, and each of them
+    # once imported it back (under TYPE_CHECKING) to read a dozen of its fields: they take
+    # what they need of it as a Protocol (SessionOwner, SpareOwner, tenants.Registry), so
+    # that each can change, and be read, without the Supervisor.
+    circles = [sorted(c) for c in strongly_connected(import_graph())
+               if any(m.startswith("toolsd.daemon.") for m in c)]
+    assert circles == [], "import circles in toolsd/daemon:\n" + "\n".join(map(str, circles))
+
+
 def test_the_agent_is_in_its_subpackages():
     flat = sorted(p.name for p in (ROOT / "agent").glob("*.py"))
     folders = sorted(p.parent.name for p in (ROOT / "agent").glob("*/*.py"))

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import trio
 
@@ -48,24 +48,39 @@ from toolsd.tools.wire_errors import as_wire
 from toolsd.tools.spill import Spills
 
 if TYPE_CHECKING:
-    from toolsd.daemon.supervisor import Supervisor
+    from toolsd.daemon.egress import EgressHost
     from toolsd.sandbox.job import Job
+    from toolsd.tools.host import Host
+    from toolsd.tools.ports import PortForwards
+    from toolsd.tools.process_table import ProcessTable
     from toolsd.tools.background_process import BackgroundProcess
 
 log = logging.getLogger("toolsd.session")
 
 
+class SessionOwner(Protocol):
+    """What a session takes from the daemon that owns it (the Supervisor): the facts found
+    at start, the nursery its close runs in, and the two tables it shares with the other
+    sessions. A Protocol, so that the session never imports its owner."""
+
+    host: Host
+    egress: EgressHost
+    nursery: trio.Nursery
+    forwards: PortForwards
+    processes: ProcessTable
+
+
 class Session(MemoryNotes):
-    def __init__(self, session_id: str, supervisor: Supervisor, params: SessionOpenParams,
+    def __init__(self, session_id: str, owner: SessionOwner, params: SessionOpenParams,
                  made_workspace: bool = False):
         self.id = session_id
-        self.supervisor = supervisor
-        self.host = host = supervisor.host
+        self.owner = owner
+        self.host = host = owner.host
         self.workspace = check_workspace(params.workspace)
         # The daemon made it (daemon/workspaces.py): run() removes it at close.
         self.made_workspace = made_workspace
         self.tenant = "local"  # who opened it (daemon/tenants.py); the supervisor sets it
-        self.net = session_network(params.network, supervisor.egress, host.bwrap is not None)
+        self.net = session_network(params.network, owner.egress, host.bwrap is not None)
         self.network = self.net.name
         self.writable = params.writable
         try:
@@ -154,7 +169,7 @@ class Session(MemoryNotes):
         self.ended_why = (f"{', '.join(paths)} changed on the host while the session ran, "
                           f"and its sandbox no longer hid or protected it")
         log.warning("session %s ended: %s", self.id, self.ended_why)
-        self.supervisor.nursery.start_soon(self.close)
+        self.owner.nursery.start_soon(self.close)
 
     def adopt(self, session_id: str) -> None:
         """A warm spare becomes session `session_id` (its scratch folder and cgroup keep
@@ -201,7 +216,7 @@ class Session(MemoryNotes):
             await self._close_done.wait()
             return self.close_result
         with trio.CancelScope(shield=True):
-            await self.supervisor.forwards.close_session(self.id)
+            await self.owner.forwards.close_session(self.id)
             how = f"ended: {self.ended_why}" if self.ended_why else "closed"
             closed = ToolsdError(SESSION_CLOSED, f"session {self.id} was {how}, which stops "
                                  f"everything it runs; open a new session")
@@ -295,7 +310,7 @@ class Session(MemoryNotes):
     def processes(self) -> Mapping[str, BackgroundProcess]:
         """The session's background processes by id, in start order (the Supervisor's
         ProcessTable holds them)."""
-        return self.supervisor.processes.of(self.id)
+        return self.owner.processes.of(self.id)
 
     def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run `fn(*args)` as a task of the session: it ends when the session closes."""

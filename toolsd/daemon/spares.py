@@ -12,18 +12,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-from toolsd.daemon.session import Session
+from toolsd.daemon.session import Session, SessionOwner
 from toolsd.sandbox import home_folders
 from toolsd.sandbox.errors import SandboxError
 from toolsd.sandbox.guards import identities
 from toolsd.wire.protocol import ToolsdError
-
-if TYPE_CHECKING:
-    from toolsd.daemon.supervisor import Supervisor
 
 log = logging.getLogger("toolsd.supervisor")
 
@@ -43,12 +40,22 @@ class Spare:
     made_at: float
 
 
+class SpareOwner(SessionOwner, Protocol):
+    """What the pool takes from the Supervisor: a session's owner, which also says whether
+    spares are wanted (--no-warm-spare) and whether it is closing."""
+
+    closing: bool
+
+    @property
+    def warm_spare(self) -> bool: ...
+
+
 class SparePool:
     """Resource handling: owns at most one spare (a started Session, not registered with the
     supervisor, running in its nursery); `aclose()` closes it."""
 
-    def __init__(self, supervisor: Supervisor):
-        self._supervisor = supervisor
+    def __init__(self, owner: SpareOwner):
+        self._owner = owner
         self._spare: Spare | None = None
         self._making = False
         self._made = 0
@@ -66,26 +73,26 @@ class SparePool:
                 and spare.fingerprint == fingerprint(session))
         if fits:
             return spare.session
-        self._supervisor.nursery.start_soon(spare.session.close)
+        self._owner.nursery.start_soon(spare.session.close)
         return None
 
     def make_soon(self, params) -> None:
         """Start a spare for `params` (after SPARE_DELAY_S), unless one is being made."""
-        sup = self._supervisor
-        if sup.config.warm_spare and not sup.closing and not self._making:
+        owner = self._owner
+        if owner.warm_spare and not owner.closing and not self._making:
             self._making = True
-            sup.nursery.start_soon(self._make, params)
+            owner.nursery.start_soon(self._make, params)
 
     async def _make(self, params) -> None:
         spare = session = None
         try:
             await trio.sleep(SPARE_DELAY_S)
-            if self._supervisor.closing:
+            if self._owner.closing:
                 return
             self._made += 1
-            session = Session(f"spare{self._made}", self._supervisor, params)
+            session = Session(f"spare{self._made}", self._owner, params)
             made = fingerprint(session)  # before the sandbox binds anything
-            if await self._supervisor.nursery.start(session.run) is not None:
+            if await self._owner.nursery.start(session.run) is not None:
                 return  # it failed to start; the next session.open starts its own
             spare = Spare(session, spare_key(session), made, time.monotonic())
             old, self._spare = self._spare, spare
@@ -104,7 +111,7 @@ class SparePool:
             return
         finally:
             self._making = False
-        if self._supervisor.closing:
+        if self._owner.closing:
             await self.aclose()
             return
         await trio.sleep(SPARE_MAX_AGE_S)

@@ -114,6 +114,11 @@ class Supervisor:
             nursery.start_soon(self._close_idle_sessions)
 
     @property
+    def warm_spare(self) -> bool:
+        """Whether a sandbox is made ahead for the next session.open (spares.py)."""
+        return self.config.warm_spare
+
+    @property
     def server_name(self) -> str:
         return f"toolsd {__version__} (python {sys.version.split()[0]})"
 

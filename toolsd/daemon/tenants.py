@@ -13,13 +13,15 @@ before the handler, so a handler never sees a foreign id. The listings filter wi
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from toolsd.tools import process_names
 from toolsd.wire.protocol import NOT_FOUND, ToolsdError
 
 if TYPE_CHECKING:
-    from toolsd.daemon.supervisor import Supervisor
+    from toolsd.daemon.session import Session
+    from toolsd.tools.background_process import BackgroundProcess
 
 __all__ = ["LOCAL", "Scope", "check", "visible", "session_tenant"]
 
@@ -38,7 +40,22 @@ def visible(tenant: str, owner: str) -> bool:
     return tenant == LOCAL or tenant == owner
 
 
-def session_tenant(sup: Supervisor, session_id: str) -> str | None:
+class Registry(Protocol):
+    """Where the check looks ids up (the Supervisor): a Protocol, so that tenants.py never
+    imports the Supervisor that imports it."""
+
+    @property
+    def sessions(self) -> Mapping[str, Session]: ...
+
+    @property
+    def processes(self) -> Iterable[BackgroundProcess]: ...
+
+    def ended_tenant(self, session_id: str) -> str | None: ...
+
+    def unknown_session(self, session_id: str) -> str: ...
+
+
+def session_tenant(sup: Registry, session_id: str) -> str | None:
     """The tenant of an open or recently ended session; None for an id nobody knows."""
     session = sup.sessions.get(session_id)
     if session is not None:
@@ -46,7 +63,7 @@ def session_tenant(sup: Supervisor, session_id: str) -> str | None:
     return sup.ended_tenant(session_id)
 
 
-def check(sup: Supervisor, tenant: str, scope: Scope, params: object) -> None:
+def check(sup: Registry, tenant: str, scope: Scope, params: object) -> None:
     """Raise not_found, worded as for an unknown id, when `params` name another tenant's
     session or process."""
     if tenant == LOCAL or scope is Scope.NONE:
