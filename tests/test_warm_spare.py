@@ -15,7 +15,8 @@ import pytest
 
 from conftest import RunningDaemon, needs_bwrap, wait_for, wait_gone
 
-pytestmark = [needs_bwrap, pytest.mark.daemon(warm_spare=True)]  # each test its own daemon
+# Each test its own daemon, verbose: its log says when the spare is ready (spare_ready).
+pytestmark = [needs_bwrap, pytest.mark.daemon("--verbose", warm_spare=True)]
 
 
 def sandboxes(daemon) -> list[psutil.Process]:
@@ -49,10 +50,10 @@ def spare_ready(daemon, client, session) -> int:
     wait_for(lambda: len(sandboxes(daemon)) == 2)
     mine = sandbox_of(daemon, client, session)
     (spare,) = [p.pid for p in sandboxes(daemon) if p.pid != mine]
-    # Ready means its launcher has said so: a spare still starting is not offered.
-    wait_for(lambda: any("launcher.py" in " ".join(c.cmdline())
-                         for c in psutil.Process(spare).children(recursive=True)
-                         if c.name() != "bwrap"))
+    # Ready means the daemon has its launcher's word and holds it as the spare: one still
+    # starting is not offered (the launcher's process is there well before, on a busy
+    # machine long enough for the next session.open to start its own sandbox).
+    wait_for(lambda: "warm spare spare1 is ready" in daemon.read_log())
     return spare
 
 
@@ -143,7 +144,7 @@ def test_a_hidden_folder_replaced_after_the_spare_is_hidden_all_the_same(daemon_
     # the new folder may get the old inode number: what is checked is the spare's own mounts.
     vault = os.path.join(daemon_root, "vault")
     os.makedirs(vault)
-    d = RunningDaemon(daemon_root, ("--hide", vault), warm_spare=True).start()
+    d = RunningDaemon(daemon_root, ("--verbose", "--hide", vault), warm_spare=True).start()
     try:
         with d.client() as client:
             first = client.session_open(d.workspace)["session"]

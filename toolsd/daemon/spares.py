@@ -67,12 +67,10 @@ class SparePool:
         if spare is None:
             return None
         spare.session.check_guards()  # its own hiding mounts, as for any session
-        fits = (spare.session.refusal(now=True) is None and spare.session.sandbox.guarded
-                and time.monotonic() - spare.made_at < SPARE_MAX_AGE_S
-                and spare.key == spare_key(session)
-                and spare.fingerprint == fingerprint(session))
-        if fits:
+        unfit = why_unfit(spare, session)
+        if unfit is None:
             return spare.session
+        log.debug("the warm spare does not fit session %s: %s", session.id, unfit)
         self._owner.nursery.start_soon(spare.session.close)
         return None
 
@@ -96,6 +94,7 @@ class SparePool:
                 return  # it failed to start; the next session.open starts its own
             spare = Spare(session, spare_key(session), made, time.monotonic())
             old, self._spare = self._spare, spare
+            log.debug("warm spare %s is ready", session.id)
             if old is not None:
                 await old.session.close()
         except (ToolsdError, SandboxError) as e:
@@ -122,6 +121,22 @@ class SparePool:
         spare, self._spare = self._spare, None
         if spare is not None:
             await spare.session.close()
+
+
+def why_unfit(spare: Spare, session: Session) -> str | None:
+    """Why `spare` cannot serve `session` (for the log), or None when it fits exactly."""
+    refusal = spare.session.refusal(now=True)
+    if refusal is not None:
+        return refusal
+    if not spare.session.sandbox.guarded:
+        return "its hiding mounts are not watched"
+    if time.monotonic() - spare.made_at >= SPARE_MAX_AGE_S:
+        return "it is too old"
+    if spare.key != spare_key(session):
+        return "it was made for another policy or other limits"
+    if spare.fingerprint != fingerprint(session):
+        return "a folder it binds, hides or protects was replaced since"
+    return None
 
 
 def spare_key(session: Session) -> tuple:
