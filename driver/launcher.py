@@ -1276,8 +1276,8 @@ def main():
               "SOCK_SEQPACKET socketpairs: the control channel and the spawn channel)",
               file=sys.stderr)
         return 2
-    # Our stdin may be the code we run (see BOOTSTRAP in toolsd/sandbox/bootstrap.py): shims and their
-    # commands get nothing of it.
+    # Our stdin may be the code we run (see BOOTSTRAP in toolsd/sandbox/launch/bootstrap.py):
+    # shims and their commands get nothing of it.
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

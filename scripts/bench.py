@@ -208,8 +208,7 @@ def hello_while_flooded(sock: str, n: int) -> float:
 
 def bwrap_per_call_argv() -> list[str]:
     """The flags a session uses, for one command: what a per-call sandbox would cost."""
-    from toolsd.sandbox import policy as sandbox
-
+    from toolsd.sandbox.bwrap import policy as sandbox
     scratch = tempfile.mkdtemp(prefix="toolsd-bench-scratch-")
     policy = sandbox.Policy(workspace=ROOT, scratch=scratch,
                             env=sandbox.sandbox_env(home=os.path.expanduser("~"),

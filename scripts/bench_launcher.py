@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench import bwrap_per_call_argv, ms, report, stats  # noqa: E402
 
-from toolsd.sandbox.launcher_client import Launcher  # noqa: E402
+from toolsd.sandbox.launch.launcher_client import Launcher  # noqa: E402
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 SPAWNS = 50

@@ -25,8 +25,8 @@ from bench import ms, report, running_daemon, stats  # noqa: E402
 import trio  # noqa: E402
 
 from toolsd.client import Client  # noqa: E402
-from toolsd.sandbox import proctree  # noqa: E402
-from toolsd.sandbox.launcher_client import Launcher  # noqa: E402
+from toolsd.sandbox.launch import proctree  # noqa: E402
+from toolsd.sandbox.launch.launcher_client import Launcher  # noqa: E402
 
 TREE_SIZE = 200
 STOP_RUNS = 5

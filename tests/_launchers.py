@@ -10,9 +10,9 @@ import sys
 import psutil
 import trio
 
-from toolsd.sandbox.spawning import spawn_with_pipe
-from toolsd.sandbox.launcher_client import Launcher
-from toolsd.sandbox.session_policy import own_files_under_tmp
+from toolsd.sandbox.launch.spawning import spawn_with_pipe
+from toolsd.sandbox.launch.launcher_client import Launcher
+from toolsd.sandbox.bwrap.session_policy import own_files_under_tmp
 
 BWRAP = shutil.which("bwrap")
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}

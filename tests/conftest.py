@@ -16,7 +16,7 @@ import pytest
 
 from _launchers import BWRAP, ENV, bwrap_prefix, tree_pids
 from toolsd.client import AsyncClient, Client
-from toolsd.sandbox.launcher_client import Launcher
+from toolsd.sandbox.launch.launcher_client import Launcher
 
 HAVE_BWRAP = shutil.which("bwrap") is not None
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")

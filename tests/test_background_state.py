@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from toolsd.sandbox.job import Job
+from toolsd.sandbox.launch.job import Job
 from toolsd.tools.background_process import BackgroundProcess, ProcessState
 from toolsd.tools.capped_log import CappedLog
 

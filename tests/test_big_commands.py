@@ -10,7 +10,7 @@ import pytest
 
 from conftest import daemon_without_bash, needs_bwrap
 from toolsd.client import ToolsdError
-from toolsd.sandbox.shell_argv import INLINE_MAX
+from toolsd.sandbox.launch.shell_argv import INLINE_MAX
 
 pytestmark = pytest.mark.daemon(shared=True)
 

@@ -1,12 +1,18 @@
-"""The pure parts of toolsd/sandbox/cgroups.py: where our cgroup is, what is written, how the OOM
-killer's count is read, and the prefix that moves the sandbox into its cgroups."""
+"""The pure parts of toolsd/sandbox/launch/cgroups.py: where our cgroup is, what is written,
+how the OOM killer's count is read, and the prefix that moves the sandbox into its cgroups."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 
-from toolsd.sandbox.cgroups import Place, join_argv, limit_files, oom_kill_count, own_v1_path
+from toolsd.sandbox.launch.cgroups import (
+    Place,
+    join_argv,
+    limit_files,
+    oom_kill_count,
+    own_v1_path,
+)
 
 PROC_SELF_CGROUP = """\
 12:pids:/

@@ -11,7 +11,7 @@ import pytest
 
 from driver import LAUNCHER_PY, PORT_CONNECT
 from driver import launcher as driver
-from toolsd.sandbox.channel import (UNREADABLE, Done, Exited, Failed, Pong, Ready, Started,
+from toolsd.sandbox.launch.channel import (UNREADABLE, Done, Exited, Failed, Pong, Ready, Started,
                                     decode, ping_message, spawn_message)
 
 

@@ -10,7 +10,7 @@ import trio
 
 from conftest import wait_for
 from toolsd.client import AsyncClient, ToolsdError
-from toolsd.sandbox.policy import ENV_MAX_BYTES
+from toolsd.sandbox.bwrap.policy import ENV_MAX_BYTES
 
 pytestmark = pytest.mark.daemon(shared=True)
 

@@ -15,7 +15,7 @@ import pytest
 
 from _drivers import STUCK_S, DriverProcess, fd_targets
 from driver import NODE_REPL, PYTHON_REPL
-from toolsd.sandbox.channel import Ready
+from toolsd.sandbox.launch.channel import Ready
 from toolsd.tools.repl import interpreter_argv
 from toolsd.tools.sentinel import MARKER_PREFIX, format_sentinel
 

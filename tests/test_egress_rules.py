@@ -237,7 +237,7 @@ def test_refusals_of_a_call_are_listed_once_each():
 
 
 def test_a_listening_policy_gets_one_capability_and_its_resolv_conf_last():
-    from toolsd.sandbox.policy import Policy, bwrap_argv
+    from toolsd.sandbox.bwrap.policy import Policy, bwrap_argv
     policy = Policy(workspace="/w", scratch="/s", network="none", hidden_dirs=("/h",),
                     resolv_conf="/state/resolv.conf", listens=True)
     argv = bwrap_argv(policy)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from toolsd.sandbox.gitconfig import ConfigError, parse, runs_code
+from toolsd.sandbox.git_watch.gitconfig import ConfigError, parse, runs_code
 
 
 def test_sections_subsections_and_case():

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from conftest import RunningDaemon, needs_bwrap
-from toolsd.sandbox import home as home_module
-from toolsd.sandbox.overlay import why_no_overlay
+from toolsd.sandbox.bwrap import home as home_module
+from toolsd.sandbox.bwrap.overlay import why_no_overlay
 from toolsd.client import ToolsdError
 
 # Entries of the list that hold a folder of files where tools make them; the rest are files.

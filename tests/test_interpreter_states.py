@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from toolsd.sandbox.job import Job
+from toolsd.sandbox.launch.job import Job
 from toolsd.tools.interpreter import Interpreter, Life, Sending
 
 

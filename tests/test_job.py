@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from toolsd.sandbox.errors import LauncherDied
-from toolsd.sandbox.job import Job, JobState
+from toolsd.sandbox.launch.job import Job, JobState
 
 
 class HoldPipe:

@@ -20,9 +20,14 @@ import trio.testing
 
 from _launchers import BWRAP, ENV, PY, bwrap_prefix, read_all, spawn_piped, tree_pids
 from conftest import assert_gone
-from toolsd.sandbox.channel import Started
-from toolsd.sandbox.launcher_client import LAUNCHER_PY, Launcher, LauncherDied, LauncherError
-from toolsd.sandbox.spawn_request import SpawnRequest
+from toolsd.sandbox.launch.channel import Started
+from toolsd.sandbox.launch.launcher_client import (
+    LAUNCHER_PY,
+    Launcher,
+    LauncherDied,
+    LauncherError,
+)
+from toolsd.sandbox.launch.spawn_request import SpawnRequest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -438,8 +443,8 @@ async def test_aclose_leaves_no_process_of_the_sandbox(nursery, wrapper):
 
 DAEMON_SCRIPT = textwrap.dedent("""
     import json, os, sys, trio
-    from toolsd.sandbox.launcher_client import Launcher
-    from toolsd.sandbox.spawn_request import SpawnRequest
+    from toolsd.sandbox.launch.launcher_client import Launcher
+    from toolsd.sandbox.launch.spawn_request import SpawnRequest
 
     async def main():
         env = json.loads(sys.argv[2])

@@ -31,14 +31,16 @@ ALLOWED = {
 # `toolsd serve` starts the daemon and `toolsd doctor` probes bubblewrap: both import inside
 # the command's function, so the other subcommands load none of it.
 EXCEPTIONS = {("toolsd.cli.serve", "toolsd.daemon.serve"),
-              ("toolsd.cli.doctor", "toolsd.sandbox.probe"),
-              ("toolsd.cli.doctor", "toolsd.sandbox.host_checks"),
+              ("toolsd.cli.doctor", "toolsd.sandbox.launch.probe"),
+              ("toolsd.cli.doctor", "toolsd.sandbox.launch.host_checks"),
               ("toolsd.cli.cluster", "toolsd.cluster")}
 # The agent's subpackages, lowest first: a module may import its own subpackage and those
 # before it, never one after it (no circle between them), and nothing of the agent lives
 # outside them (a flat module beside them would be a layer of no known place).
 AGENT_LAYERS = ("history", "models", "conversation", "calls", "lsp", "gates", "turns",
                 "terminal", "mcp")
+# sandbox/'s subsystems, bottom up: each imports only the ones before it (and errors.py).
+SANDBOX_PARTS = ("bwrap", "git_watch", "egress", "launch")
 # The server: what reads the socket and routes requests. Tools never see it.
 SERVER = ("toolsd.daemon.serve", "toolsd.daemon.connection", "toolsd.daemon.dispatch",
           "toolsd.daemon.requests")
@@ -244,6 +246,32 @@ def test_agent_subpackages_import_only_downward():
                 bad.append(f"{where(path, line)}: {mine} imports {target}, in no subpackage")
             elif AGENT_LAYERS.index(theirs) > AGENT_LAYERS.index(mine):
                 bad.append(f"{where(path, line)}: {mine} may not import {theirs} ({target})")
+    assert bad == [], "\n".join(dict.fromkeys(bad))
+
+
+def test_the_sandbox_is_in_its_subsystems():
+    # It was 28 flat files mixing the bwrap policy, the launcher and the host_exec watch.
+    sandbox = ROOT / "toolsd" / "sandbox"
+    flat = sorted(p.name for p in sandbox.glob("*.py"))
+    assert flat == ["__init__.py", "errors.py", "session_sandbox.py"], flat
+    parts = sorted(p.parent.name for p in sandbox.glob("*/__init__.py"))
+    assert parts == sorted(SANDBOX_PARTS), parts
+
+
+def test_sandbox_subsystems_import_only_downward():
+    bad = []
+    for path in python_files("toolsd/sandbox/*/*.py"):
+        mine = module_name(path).split(".")[2]
+        for target, line, _ in imports(path):
+            parts = target.split(".")
+            if parts[:2] != ["toolsd", "sandbox"] or len(parts) < 3 or parts[2] == mine:
+                continue
+            theirs = parts[2]
+            if theirs == "errors":
+                continue
+            if theirs not in SANDBOX_PARTS or (SANDBOX_PARTS.index(theirs)
+                                               > SANDBOX_PARTS.index(mine)):
+                bad.append(f"{where(path, line)}: sandbox/{mine} may not import {target}")
     assert bad == [], "\n".join(dict.fromkeys(bad))
 
 

@@ -10,8 +10,7 @@ from PIL import Image
 
 from conftest import has_ended, needs_bwrap
 from toolsd.client import ToolsdError
-from toolsd.sandbox import cgroups
-
+from toolsd.sandbox.launch import cgroups
 pytestmark = pytest.mark.daemon(shared=True)
 
 

@@ -10,8 +10,7 @@ import shutil
 import pytest
 
 from conftest import RunningDaemon, needs_bwrap, wait_for
-from toolsd.sandbox import cgroups
-
+from toolsd.sandbox.launch import cgroups
 pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
 
 PLACES, WHY_NOT = cgroups.find_places()

@@ -7,7 +7,7 @@ import pytest
 
 from _drivers import DriverProcess
 from driver import NODE_REPL
-from toolsd.sandbox.channel import Ready
+from toolsd.sandbox.launch.channel import Ready
 from toolsd.tools.repl import interpreter_argv
 
 DRIVER = Path(NODE_REPL)

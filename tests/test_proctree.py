@@ -13,9 +13,7 @@ import trio
 
 from _launchers import PY, spawn_piped
 from conftest import alive as running
-from toolsd.sandbox import proctree
-
-
+from toolsd.sandbox.launch import proctree
 async def start(launcher, argv):
     """Spawn with stdout on a pipe; returns (job, stream of its stdout)."""
     job, read_fd = await spawn_piped(launcher, argv)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolsd.sandbox.policy import (
+from toolsd.sandbox.bwrap.policy import (
     Folder,
     Limits,
     Policy,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from toolsd.sandbox import file_helper_client
+from toolsd.sandbox.launch import file_helper_client
 from toolsd.sandbox.errors import Fault, SandboxError
 from toolsd.tools.wire_errors import as_wire
 from toolsd.wire import errors as wire_errors

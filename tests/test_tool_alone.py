@@ -12,10 +12,10 @@ import psutil
 import pytest
 from _launchers import BWRAP, ENV, bwrap_prefix
 from toolsd.sandbox.errors import Fault, SandboxError
-from toolsd.sandbox.spawning import open_devnull
+from toolsd.sandbox.launch.spawning import open_devnull
 from toolsd.sandbox.session_sandbox import Sandbox, SandboxSpec
-from toolsd.sandbox.spawn_request import SpawnRequest
-from toolsd.sandbox.policy import Limits
+from toolsd.sandbox.launch.spawn_request import SpawnRequest
+from toolsd.sandbox.bwrap.policy import Limits
 from toolsd.tools import shell
 from toolsd.tools.spill import Spills
 from toolsd.wire.protocol import ShellRunParams

@@ -14,9 +14,8 @@ import pytest
 
 from conftest import RunningDaemon, needs_bwrap, short_tempdir
 from toolsd.client import ToolsdError
-from toolsd.sandbox import home as home_module
-from toolsd.sandbox import workspace_rules
-
+from toolsd.sandbox.bwrap import home as home_module
+from toolsd.sandbox.bwrap import workspace_rules
 ENTRIES = (*home_module.SECRETS, *home_module.OWN)
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import needs_bwrap, short_tempdir, wait_for
 from toolsd.sandbox.errors import SandboxError
-from toolsd.sandbox.guards import MountGuard
-from toolsd.sandbox.policy import Policy, bwrap_argv
+from toolsd.sandbox.bwrap.guards import MountGuard
+from toolsd.sandbox.bwrap.policy import Policy, bwrap_argv
 
 pytestmark = needs_bwrap
 

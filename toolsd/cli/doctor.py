@@ -19,8 +19,8 @@ def add_parser(sub, common) -> None:
 
 def cmd_doctor(args) -> int:
     # Both run probes on this machine: no daemon needed for them.
-    from toolsd.sandbox import host_checks
-    from toolsd.sandbox.probe import probe_bwrap
+    from toolsd.sandbox.launch import host_checks
+    from toolsd.sandbox.launch.probe import probe_bwrap
 
     line("daemon", *daemon_check(args))
     bwrap, why_not = probe_bwrap()

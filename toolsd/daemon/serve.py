@@ -26,10 +26,10 @@ from toolsd.daemon.connection import Connection
 from toolsd.daemon.workspaces import check_work_root  # noqa: F401  (for cli/serve.py)
 from toolsd.daemon.state_folder import StateInUse, ensure_private_dir
 from toolsd.daemon.supervisor import Config, Supervisor
-from toolsd.sandbox import home
-from toolsd.sandbox import inotify
-from toolsd.sandbox import overlay
-from toolsd.sandbox.probe import probe_bwrap
+from toolsd.sandbox.bwrap import home
+from toolsd.sandbox.git_watch import inotify
+from toolsd.sandbox.bwrap import overlay
+from toolsd.sandbox.launch.probe import probe_bwrap
 from toolsd.tools.ports import check_forward_binds  # noqa: F401 (for cli/serve.py)
 
 log = logging.getLogger("toolsd")

@@ -21,12 +21,12 @@ from toolsd.daemon.activity import Activity
 from toolsd.daemon.session_life import MOVES, SessionLife, refusal
 from toolsd.daemon.egress import session_network
 from toolsd.daemon.session_memory import MemoryNotes
-from toolsd.sandbox import file_helper_client
+from toolsd.sandbox.launch import file_helper_client
 from toolsd.sandbox.errors import SandboxError
-from toolsd.sandbox.repositories import RepositoryWatch
-from toolsd.sandbox.policy import Limits, check_env_size, sandbox_env, validate_env
+from toolsd.sandbox.git_watch.repositories import RepositoryWatch
+from toolsd.sandbox.bwrap.policy import Limits, check_env_size, sandbox_env, validate_env
 from toolsd.sandbox.session_sandbox import Sandbox, SandboxSpec
-from toolsd.sandbox.session_policy import (
+from toolsd.sandbox.bwrap.session_policy import (
     check_workspace,
     command_env,
     plan_view,
@@ -49,7 +49,7 @@ from toolsd.tools.spill import Spills
 
 if TYPE_CHECKING:
     from toolsd.daemon.egress import EgressHost
-    from toolsd.sandbox.job import Job
+    from toolsd.sandbox.launch.job import Job
     from toolsd.tools.host import Host
     from toolsd.tools.ports import PortForwards
     from toolsd.tools.process_table import ProcessTable

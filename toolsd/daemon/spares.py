@@ -17,9 +17,9 @@ from typing import Protocol
 import trio
 
 from toolsd.daemon.session import Session, SessionOwner
-from toolsd.sandbox import home_folders
+from toolsd.sandbox.bwrap import home_folders
 from toolsd.sandbox.errors import SandboxError
-from toolsd.sandbox.guards import identities
+from toolsd.sandbox.bwrap.guards import identities
 from toolsd.wire.protocol import ToolsdError
 
 log = logging.getLogger("toolsd.supervisor")

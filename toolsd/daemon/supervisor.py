@@ -25,8 +25,8 @@ from toolsd.daemon.session import Session
 from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state_folder import StateDir
 from toolsd.daemon.tenants import LOCAL
-from toolsd.sandbox import cgroups
-from toolsd.sandbox.policy import Limits
+from toolsd.sandbox.launch import cgroups
+from toolsd.sandbox.bwrap.policy import Limits
 from toolsd.tools.host import Host
 from toolsd.tools.ports import PortForwards
 from toolsd.tools.process_table import ProcessTable

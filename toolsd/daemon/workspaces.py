@@ -25,8 +25,7 @@ def check_work_root(path: str) -> str:
     """`--work-root DIR`, made if missing and checked: it is hidden from every session, so
     it must not be a folder sessions need (/, a system folder, the home or one holding
     it); ValueError says why."""
-    from toolsd.sandbox import home
-
+    from toolsd.sandbox.bwrap import home
     real = os.path.realpath(path)
     own_home = os.path.realpath(os.path.expanduser("~"))
     if real == "/" or own_home == real or own_home.startswith(real.rstrip("/") + "/"):

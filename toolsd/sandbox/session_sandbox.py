@@ -18,13 +18,15 @@ from dataclasses import dataclass
 
 import trio
 
-from toolsd.sandbox import cgroups, home
+from toolsd.sandbox.launch import cgroups
+
+from toolsd.sandbox.bwrap import home
 from toolsd.sandbox.errors import Fault, LauncherDied, LauncherError, LauncherLimit, SandboxError
-from toolsd.sandbox.guards import MountGuard
-from toolsd.sandbox.job import Job
-from toolsd.sandbox.launcher_client import Launcher
-from toolsd.sandbox.policy import Limits, Policy, bwrap_argv
-from toolsd.sandbox.spawn_request import SpawnRequest
+from toolsd.sandbox.bwrap.guards import MountGuard
+from toolsd.sandbox.launch.job import Job
+from toolsd.sandbox.launch.launcher_client import Launcher
+from toolsd.sandbox.bwrap.policy import Limits, Policy, bwrap_argv
+from toolsd.sandbox.launch.spawn_request import SpawnRequest
 
 __all__ = ["Sandbox", "SandboxSpec", "SPAWN_TIMEOUT_S"]
 

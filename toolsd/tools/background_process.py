@@ -24,8 +24,8 @@ import trio
 
 from toolsd.runtime import threads
 from toolsd.runtime.states import States
-from toolsd.sandbox import proctree
-from toolsd.sandbox.spawning import end_tree, pump, signal_name
+from toolsd.sandbox.launch import proctree
+from toolsd.sandbox.launch.spawning import end_tree, pump, signal_name
 from toolsd.tools.capped_log import CappedLog
 from toolsd.tools.output import Ring, clip
 from toolsd.tools.until import UntilPattern, UntilScan

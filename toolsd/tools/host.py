@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from toolsd.sandbox import cgroups
-from toolsd.sandbox.policy import Limits
+from toolsd.sandbox.launch import cgroups
+from toolsd.sandbox.bwrap.policy import Limits
 
 
 @dataclasses.dataclass(frozen=True)

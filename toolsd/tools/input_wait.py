@@ -18,7 +18,7 @@ from typing import NamedTuple
 import trio
 
 from toolsd.runtime import threads
-from toolsd.sandbox import proctree
+from toolsd.sandbox.launch import proctree
 from toolsd.tools.input_wait_rules import (
     MAX_WATCHED,
     ProcessView,

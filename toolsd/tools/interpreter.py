@@ -14,7 +14,7 @@ import trio
 
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.runtime.states import States
-from toolsd.sandbox.spawning import end_tree, pump, signal_name, spawn_with_pipe
+from toolsd.sandbox.launch.spawning import end_tree, pump, signal_name, spawn_with_pipe
 from toolsd.tools.sentinel import Sentinel, SentinelScanner
 
 if TYPE_CHECKING:

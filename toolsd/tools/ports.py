@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from toolsd.sandbox.connects import ConnectFailed
+from toolsd.sandbox.launch.connects import ConnectFailed
 from toolsd.sandbox.errors import LauncherError
 from toolsd.tools.stream_relay import relay
 from toolsd.wire.ports import ForwardInfo, PortCloseResult, PortForwardParams, PortForwardResult

@@ -16,7 +16,7 @@ import trio
 from toolsd.runtime import threads
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.sandbox.errors import SandboxError
-from toolsd.sandbox.spawning import signal_name, spawn_shell
+from toolsd.sandbox.launch.spawning import signal_name, spawn_shell
 from toolsd.tools.background_process import CPU_THREADS, BackgroundProcess, remove_log
 from toolsd.tools import input_wait
 from toolsd.tools.process_names import check_name

@@ -66,9 +66,9 @@ from typing import TYPE_CHECKING, Callable
 import trio
 
 from driver import NODE_REPL, PYTHON_REPL
-from toolsd.sandbox import proctree
-from toolsd.sandbox.channel import Ready
-from toolsd.sandbox.spawning import end_tree, pump, spawn_with_pipe
+from toolsd.sandbox.launch import proctree
+from toolsd.sandbox.launch.channel import Ready
+from toolsd.sandbox.launch.spawning import end_tree, pump, spawn_with_pipe
 from toolsd.tools.interpreter import Interpreter, Sending
 from toolsd.tools.output import Ring
 from toolsd.tools.repl_memory import limit_interpreter

@@ -26,8 +26,8 @@ import trio
 
 from toolsd.runtime import threads
 from toolsd.runtime.states import States
-from toolsd.sandbox import proctree
-from toolsd.sandbox.launcher_client import KILL_THREADS
+from toolsd.sandbox.launch import proctree
+from toolsd.sandbox.launch.launcher_client import KILL_THREADS
 from toolsd.tools.live_output import LiveOutput, sending
 from toolsd.tools.output import HeadTail
 from toolsd.tools.sentinel import Sentinel

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 if TYPE_CHECKING:
     import trio
 
-    from toolsd.sandbox.file_helper_client import FileHelper
-    from toolsd.sandbox.job import Job
-    from toolsd.sandbox.policy import Limits
-    from toolsd.sandbox.repositories import RepositoryWatch
+    from toolsd.sandbox.launch.file_helper_client import FileHelper
+    from toolsd.sandbox.launch.job import Job
+    from toolsd.sandbox.bwrap.policy import Limits
+    from toolsd.sandbox.git_watch.repositories import RepositoryWatch
     from toolsd.sandbox.session_sandbox import Sandbox
     from toolsd.tools.background_process import BackgroundProcess
     from toolsd.tools.host import Host

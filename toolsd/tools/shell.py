@@ -17,14 +17,14 @@ import trio
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.tools.live_output import LiveOutput, sending
 from toolsd.tools.output import HeadTail
-from toolsd.sandbox.spawning import end_tree, pump, signal_name, spawn_shell
+from toolsd.sandbox.launch.spawning import end_tree, pump, signal_name, spawn_shell
 from toolsd.tools.answers import Answer
 from toolsd.tools.spill import tee
 from toolsd.wire.protocol import SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
 
 if TYPE_CHECKING:
     from toolsd.tools.session_view import SessionView
-    from toolsd.sandbox.job import Job
+    from toolsd.sandbox.launch.job import Job
     from toolsd.tools.spill import Spill
 
 # After the command exits (and its leftovers are ended) we read what is already in the pipe for

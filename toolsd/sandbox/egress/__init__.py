@@ -4,5 +4,5 @@ reach, decided outside its sandbox.
 Pure parts: `rules` (names, CIDRs, ports), `addresses` (IP literals, which addresses are
 refused), `http_head`, `socks`, `sni`, `dns_message` (the wire formats), `connlog` (the
 bounded log), `proxy_env` (what the sandbox's programs read). I/O parts: `resolver`,
-`dial`, `relay`, `proxy` and `dns_stub`, run by the daemon in the session's nursery.
+`dial`, `splice_relay`, `proxy` and `dns_stub`, run by the daemon in the session's nursery.
 """

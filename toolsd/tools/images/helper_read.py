@@ -1,5 +1,5 @@
-"""image.read's short way to a file: the session's file helper (sandbox/file_helper_client.py), once
-it runs, reads it in the sandbox for one request on its socket, instead of a reader process
+"""image.read's short way to a file: the session's file helper
+(sandbox/launch/file_helper_client.py), once it runs, reads it in the sandbox for one request on its socket, instead of a reader process
 (sh, then head) spawned for each call, which was most of a small image's fixed cost.
 
 The helper sees exactly what the session's commands see. Only a whole regular file of at

@@ -12,9 +12,9 @@ import trio
 from toolsd.runtime import threads
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.runtime.fdio import READ_SIZE
-from toolsd.sandbox import spawning
+from toolsd.sandbox.launch import spawning
 from toolsd.sandbox.errors import Fault
-from toolsd.sandbox.spawn_request import SpawnRequest
+from toolsd.sandbox.launch.spawn_request import SpawnRequest
 from toolsd.tools.images import helper_read
 from toolsd.tools.images.fit import ImageTooLarge, NotAnImage, fit_image
 from toolsd.wire.protocol import (

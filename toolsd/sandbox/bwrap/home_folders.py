@@ -11,7 +11,7 @@ import os
 import stat
 from collections.abc import Iterable
 
-from toolsd.sandbox.policy import Folder
+from toolsd.sandbox.bwrap.policy import Folder
 
 log = logging.getLogger("toolsd.home")
 
@@ -93,7 +93,7 @@ class _Listing:
     def __init__(self, path: str, omit: set[str], read_only: set[str], writable: bool,
                  own_dirs: Iterable[str] = (), overlay: bool = False):
         self.path = path
-        # Overlays on the filesystem the probe tried (sandbox/overlay.py) only.
+        # Overlays on the filesystem the probe tried (sandbox/bwrap/overlay.py) only.
         self.overlay_dev = os.stat(path).st_dev if overlay and writable else None
         self.overlays: list[str] = []
         self.omit = omit

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from toolsd.sandbox.policy import Policy
+    from toolsd.sandbox.bwrap.policy import Policy
 
 # bwrap mounts its own /dev and /proc; a workspace bound over them would put the host's
 # devices or processes back (and writable), so no workspace may live there.

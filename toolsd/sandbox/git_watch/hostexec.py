@@ -33,8 +33,8 @@ import logging
 import os
 import threading
 
-from toolsd.sandbox import inotify
-from toolsd.sandbox.gitrepo import Repo, inside, is_gitdir, read_gitfile
+from toolsd.sandbox.git_watch import inotify
+from toolsd.sandbox.git_watch.gitrepo import Repo, inside, is_gitdir, read_gitfile
 
 log = logging.getLogger("toolsd.hostexec")
 

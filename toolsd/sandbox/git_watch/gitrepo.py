@@ -10,8 +10,7 @@ import contextlib
 import os
 import stat
 
-from toolsd.sandbox import gitconfig
-
+from toolsd.sandbox.git_watch import gitconfig
 # Longest value shown in a report line.
 _VALUE_CHARS = 200
 # Most of a config file read (git reads more, but a session making one this big is worth a

@@ -28,8 +28,8 @@ import pwd
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from toolsd.sandbox.home_folders import copy_into, inside, relative, show_folder
-from toolsd.sandbox.policy import GIT_CONFIG, Folder, Policy
+from toolsd.sandbox.bwrap.home_folders import copy_into, inside, relative, show_folder
+from toolsd.sandbox.bwrap.policy import GIT_CONFIG, Folder, Policy
 
 log = logging.getLogger("toolsd.home")
 
@@ -176,9 +176,9 @@ def plan(*, home: str, workspace: str, hidden: Iterable[str], shown: Iterable[st
     the session's home (not into other homes), relative to it. `keep`: toolsd's own files
     (the drivers, the interpreter), bound even under a hidden path. `overlay`: the folders
     of the session's own home are shown writable, their writes kept in the sandbox
-    (home_folders.show_folder; sandbox/overlay.py says where it can be). Raises CannotHide for
-    a hidden path that does not exist and could only be kept from appearing by changing the
-    workspace."""
+    (home_folders.show_folder; sandbox/bwrap/overlay.py says where it can be). Raises
+    CannotHide for a hidden path that does not exist and could only be kept from appearing
+    by changing the workspace."""
     ws = workspace
     homes: list[tuple[str, bool]] = []  # (home, the session's own)
     own_home = os.path.isdir(home) and home != "/" and not inside(home, ws)

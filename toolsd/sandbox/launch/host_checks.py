@@ -9,7 +9,7 @@ import dataclasses
 import os
 import subprocess
 
-from toolsd.sandbox.cgroups import find_places
+from toolsd.sandbox.launch.cgroups import find_places
 
 # Below this, the watches (host_exec's tracker: one per folder of a workspace, shared by
 # every program of the user) run out early.

@@ -31,8 +31,8 @@ import trio
 from driver import FILE_HELPER_PY
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.sandbox.errors import Fault, SandboxError
-from toolsd.sandbox.mount_plan import plan_mounts
-from toolsd.sandbox.policy import Policy
+from toolsd.sandbox.bwrap.mount_plan import plan_mounts
+from toolsd.sandbox.bwrap.policy import Policy
 
 __all__ = ["FileHelper", "MAX_READ"]
 

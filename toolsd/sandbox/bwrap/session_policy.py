@@ -12,9 +12,9 @@ import sys
 
 import toolsd
 from driver import DRIVER_DIR
-from toolsd.sandbox import home, overlay, workspace_rules
+from toolsd.sandbox.bwrap import home, overlay, workspace_rules
 from toolsd.sandbox.errors import Fault, SandboxError
-from toolsd.sandbox.policy import PROC_READ_ONLY, Policy, check_env_size, validate_env
+from toolsd.sandbox.bwrap.policy import PROC_READ_ONLY, Policy, check_env_size, validate_env
 
 log = logging.getLogger("toolsd.session")
 

@@ -12,7 +12,7 @@ from typing import Callable
 import trio
 
 from toolsd.sandbox.errors import Fault, SandboxError
-from toolsd.sandbox.policy import Policy, guarding_mounts, mount_points
+from toolsd.sandbox.bwrap.policy import Policy, guarding_mounts, mount_points
 
 log = logging.getLogger("toolsd.session")
 

@@ -2,7 +2,7 @@
 
 Pure: nothing here touches the filesystem or spawns anything. The caller resolves paths
 (realpath), filters hidden paths for existence, lists the folders shown entry by entry
-(sandbox/home.py), and appends the launcher command to the argv prefix that `bwrap_argv`
+(sandbox/bwrap/home.py), and appends the launcher command to the argv prefix that `bwrap_argv`
 returns. The same clean environment (`sandbox_env`) is used when a session runs unsandboxed.
 
 Mount order (each later mount lands on top of earlier ones):
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from plumbum.machines.local import LocalCommand
 
-from toolsd.sandbox.mount_plan import PlannedFolder, plan_mounts
+from toolsd.sandbox.bwrap.mount_plan import PlannedFolder, plan_mounts
 
 NETWORKS = ("none", "host")
 
@@ -97,7 +97,7 @@ class Folder:
     copies: tuple[str, ...] = ()  # host files copied into Policy.home (writable only)
     # Of `binds`, the folders shown writable through an overlay whose writes stay in the
     # sandbox (bwrap --overlay-src + --tmp-overlay; the session's home only, where bwrap
-    # and the kernel allow it: sandbox/overlay.py).
+    # and the kernel allow it: sandbox/bwrap/overlay.py).
     overlays: tuple[str, ...] = ()
 
 

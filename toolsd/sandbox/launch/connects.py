@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import trio
 
-from toolsd.sandbox.channel import Connected
+from toolsd.sandbox.launch.channel import Connected
 
 
 class ConnectFailed(OSError):

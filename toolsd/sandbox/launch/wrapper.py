@@ -17,8 +17,8 @@ import trio
 
 from driver import LAUNCHER_PY
 from toolsd.runtime.child_fds import ChildFds
-from toolsd.sandbox import proctree
-from toolsd.sandbox.bootstrap import BOOTSTRAP, code_file, launcher_code
+from toolsd.sandbox.launch import proctree
+from toolsd.sandbox.launch.bootstrap import BOOTSTRAP, code_file, launcher_code
 from toolsd.sandbox.errors import LauncherError
 
 # The launcher's shims, as `ps` names them (driver/launcher.py).

@@ -21,8 +21,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 
-from toolsd.sandbox import home
-
+from toolsd.sandbox.bwrap import home
 DOCS = 'docs/sandbox.md, "Which folders can be a workspace"'
 
 

@@ -15,12 +15,12 @@ import trio
 from toolsd.runtime import threads
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.runtime.fdio import READ_SIZE, FdReader
-from toolsd.sandbox import proctree
+from toolsd.sandbox.launch import proctree
 from toolsd.sandbox.errors import Fault, SandboxError
-from toolsd.sandbox.job import Job
-from toolsd.sandbox.launcher_client import KILL_THREADS
-from toolsd.sandbox.spawn_request import SpawnRequest
-from toolsd.sandbox.shell_argv import shell_argv
+from toolsd.sandbox.launch.job import Job
+from toolsd.sandbox.launch.launcher_client import KILL_THREADS
+from toolsd.sandbox.launch.spawn_request import SpawnRequest
+from toolsd.sandbox.launch.shell_argv import shell_argv
 
 # After its tree is killed, how long a job's shim has to report the exit before it is killed
 # too (a shim stopped by its own command never would).

@@ -20,15 +20,15 @@ import trio
 
 from driver import LAUNCHER_PY
 from toolsd.runtime import threads
-from toolsd.sandbox import proctree
-from toolsd.sandbox.channel import (Channel, Connected, Done, Exited, Failed, FromLauncher,
+from toolsd.sandbox.launch import proctree
+from toolsd.sandbox.launch.channel import (Channel, Connected, Done, Exited, Failed, FromLauncher,
                                     Listening, Pong, Ready, Started, close_all,
                                     connect_message, listeners_of, ping_message, spawn_message)
-from toolsd.sandbox.connects import Connects
+from toolsd.sandbox.launch.connects import Connects
 from toolsd.sandbox.errors import LauncherDied, LauncherError, LauncherLimit
-from toolsd.sandbox.job import Job, JobState
-from toolsd.sandbox.spawn_request import SpawnRequest
-from toolsd.sandbox.wrapper import Wrapper, host_pid_of, kill_shims
+from toolsd.sandbox.launch.job import Job, JobState
+from toolsd.sandbox.launch.spawn_request import SpawnRequest
+from toolsd.sandbox.launch.wrapper import Wrapper, host_pid_of, kill_shims
 
 __all__ = ["Launcher", "Job", "LauncherError", "LauncherLimit", "LauncherDied", "LAUNCHER_PY",
            "CLEAN_EXIT_S", "KILL_THREADS"]

@@ -8,8 +8,7 @@ import logging
 
 import trio
 
-from toolsd.sandbox import hostexec
-
+from toolsd.sandbox.git_watch import hostexec
 log = logging.getLogger("toolsd.session")
 
 
