@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import bwrap_per_call_argv, ms, report, stats  # noqa: E402
 
 from toolsd.sandbox.launch.launcher_client import Launcher  # noqa: E402
+from toolsd.sandbox.launch.spawn_request import SpawnRequest  # noqa: E402
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 SPAWNS = 50
@@ -35,8 +36,8 @@ async def launcher_spawns(wrapper: list[str], n: int) -> list[float]:
             samples = []
             for _ in range(n):
                 t = time.perf_counter()
-                job = await launcher.spawn(["bash", "-c", "true"], cwd="/", env=ENV,
-                                           stdin=0, stdout=1, stderr=2)
+                job = await launcher.spawn(SpawnRequest(["bash", "-c", "true"], cwd="/",
+                                                        env=ENV, stdin=0, stdout=1, stderr=2))
                 if await job.wait() != (0, None):
                     raise SystemExit("bash -c true failed in the launcher")
                 samples.append(time.perf_counter() - t)

@@ -27,6 +27,7 @@ import trio  # noqa: E402
 from toolsd.client import Client  # noqa: E402
 from toolsd.sandbox.launch import proctree  # noqa: E402
 from toolsd.sandbox.launch.launcher_client import Launcher  # noqa: E402
+from toolsd.sandbox.launch.spawn_request import SpawnRequest  # noqa: E402
 
 TREE_SIZE = 200
 STOP_RUNS = 5
@@ -144,9 +145,9 @@ async def kill_tree_time(size: int) -> float:
         try:
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
             try:
-                job = await launcher.spawn([sys.executable, "-c", TREE, str(size)], cwd="/",
-                                           env={"PATH": os.environ["PATH"]}, stdin=0,
-                                           stdout=write_fd, stderr=2)
+                job = await launcher.spawn(SpawnRequest(
+                    [sys.executable, "-c", TREE, str(size)], cwd="/",
+                    env={"PATH": os.environ["PATH"]}, stdin=0, stdout=write_fd, stderr=2))
             finally:
                 os.close(write_fd)
             async with trio.lowlevel.FdStream(read_fd) as out:
