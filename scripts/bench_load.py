@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Many sessions at once: N sessions on distinct workspaces, each with a REPL, driven by 16
-concurrent clients doing shell.run("echo hi") and repl.exec alternately. Latencies under load
-are shown next to the same calls unloaded, measured in the same run with the N sessions open.
+"""Many sessions in one daemon: N sessions on distinct workspaces, 16 concurrent clients.
+
+In one run, with the N sessions open: shell.run("echo hi") and repl.exec calls/s and
+p50/p99 spread over the first 50 sessions, then over all N (a call should cost the same with
+1,000 sessions as with 50); and the burst: every session without a REPL starting its first
+one at once (a new turn's first repl.exec each) while the clients call shell.run on the 50
+already running. Latencies are shown next to the same call unloaded, on one of the N.
 
 Run: .venv/bin/python scripts/bench.py load [--sessions N] [--clients N]   (default 200, 16)
 """
@@ -14,6 +18,8 @@ import statistics
 import sys
 import threading
 import time
+
+import trio
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
@@ -24,11 +30,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench import ms, report, running_daemon, timed  # noqa: E402
 
-from toolsd.client import Client  # noqa: E402
+from toolsd.client import AsyncClient, Client  # noqa: E402
 
-CALLS_PER_METHOD = 2000  # under load, over all clients (rounds over the sessions to get there)
+CALLS_PER_PHASE = 2000  # of one method, over all clients (rounds over the sessions)
 UNLOADED_CALLS = 200
-OPENERS = 4  # session opens and REPL starts in flight at once
+OPENERS = 4  # session opens and the first 50 REPL starts in flight at once
+BASE = 50  # the sessions the figures over N are held against
+BURST_CONNECTIONS = 8  # the burst's REPL starts all at once, over this many connections
 SHELL = "echo hi"
 REPL = "x += 1"
 ERRORS_SHOWN = 5
@@ -74,6 +82,89 @@ def machine_busy_s() -> float:
         times, "steal", 0.0)
 
 
+class Phase:
+    """Calls made by `clients` threads, each with its own connection, over its share of the
+    sessions: the latency of each, the errors, and the wall time."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+        self.wall = 0.0
+        self._lock = threading.Lock()
+
+    def run(self, sock: str, pairs, clients: int, method: str, calls: int = 0,
+            until: threading.Event | None = None) -> Phase:
+        """`calls` calls in all, or (with `until`) calls until it is set."""
+        per_client = math.ceil(calls / clients) if calls else 0
+
+        def drive(k: int) -> None:
+            mine = pairs[k::clients] or pairs
+            lats, failed = [], []
+            with Client(sock, timeout=600) as c:
+                n = 0
+                while (n < per_client) if until is None else not until.is_set():
+                    s, turn = mine[n % len(mine)]
+                    n += 1
+                    t = time.perf_counter()
+                    try:
+                        if method == "shell":
+                            r = c.shell_run(s, SHELL)
+                            bad = r["output"] != "hi\n"
+                        else:
+                            r = c.repl_exec(s, turn, REPL)
+                            bad = r["status"] != "ok"
+                        if bad:
+                            failed.append(f"{method} on {s}: {r}")
+                    except Exception as e:
+                        failed.append(f"{method} on {s}: {e}")
+                    lats.append(time.perf_counter() - t)
+            with self._lock:
+                self.latencies += lats
+                self.errors += failed
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(drive, range(clients)))
+        self.wall = time.perf_counter() - started
+        return self
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.wall
+
+    def p(self, q: float) -> float:
+        return percentile(self.latencies, q)
+
+
+def burst(sock: str, pairs) -> tuple[float, list[str]]:
+    """Every pair's first repl.exec, all sent at once: the seconds until the last answered,
+    and the errors."""
+    errors: list[str] = []
+
+    async def main() -> float:
+        conns = [await AsyncClient.connect(sock) for _ in range(BURST_CONNECTIONS)]
+        try:
+            async def first(k: int, s: str, turn: str) -> None:
+                try:
+                    r = await conns[k % len(conns)].call("repl.exec", session=s, turn=turn,
+                                                         code="x = 0", timeout=600)
+                    if r["status"] != "ok":
+                        errors.append(f"first repl.exec on {s}: {r}")
+                except Exception as e:
+                    errors.append(f"first repl.exec on {s}: {e}")
+
+            started = trio.current_time()
+            async with trio.open_nursery() as n:
+                for k, (s, turn) in enumerate(pairs):
+                    n.start_soon(first, k, s, turn)
+            return trio.current_time() - started
+        finally:
+            for c in conns:
+                await c.aclose()
+
+    return trio.run(main), errors
+
+
 def bench_load(sessions: int = 200, clients: int = 16) -> None:
     with running_daemon("--no-warm-spare") as (sock, root, proc):
         daemon = psutil.Process(proc.pid)
@@ -95,14 +186,14 @@ def bench_load(sessions: int = 200, clients: int = 16) -> None:
             opened = list(pool.map(open_one, range(sessions)))
             open_s = time.perf_counter() - started
         idle_uss = statistics.median(sandbox_uss(proc.pid))
+        base, rest = opened[:BASE], opened[BASE:]
 
         def start_repl(pair: tuple[str, str]) -> None:
             r = client().repl_exec(*pair, "x = 0")
             assert r["status"] == "ok", r
 
         with ThreadPoolExecutor(OPENERS) as pool:
-            list(pool.map(start_repl, opened))
-        fds = daemon.num_fds()
+            list(pool.map(start_repl, base))
 
         # The anchors: the same calls on one of the N sessions, with nothing else going on.
         c = client()
@@ -110,80 +201,69 @@ def bench_load(sessions: int = 200, clients: int = 16) -> None:
         shell_unloaded = statistics.median(timed(lambda: c.shell_run(s0, SHELL), UNLOADED_CALLS))
         repl_unloaded = statistics.median(timed(lambda: c.repl_exec(s0, t0, REPL),
                                                 UNLOADED_CALLS))
+        over_base = {m: Phase().run(sock, base, clients, m, CALLS_PER_PHASE)
+                     for m in ("shell", "repl")}
 
-        rounds = math.ceil(CALLS_PER_METHOD / sessions)
-        latencies: dict[str, list[float]] = {"shell": [], "repl": []}
-        errors: list[str] = []
-        lock = threading.Lock()
-
-        def drive(k: int) -> None:
-            mine = opened[k::clients]
-            c = Client(sock, timeout=600)
-            shell, repl, failed = [], [], []
-            with c:
-                for _ in range(rounds):
-                    for s, turn in mine:
-                        t = time.perf_counter()
-                        try:
-                            r = c.shell_run(s, SHELL)
-                            if r["output"] != "hi\n":
-                                failed.append(f"shell.run on {s}: {r}")
-                        except Exception as e:
-                            failed.append(f"shell.run on {s}: {e}")
-                        shell.append(time.perf_counter() - t)
-                        t = time.perf_counter()
-                        try:
-                            r = c.repl_exec(s, turn, REPL)
-                            if r["status"] != "ok":
-                                failed.append(f"repl.exec on {s}: {r}")
-                        except Exception as e:
-                            failed.append(f"repl.exec on {s}: {e}")
-                        repl.append(time.perf_counter() - t)
-            with lock:
-                latencies["shell"] += shell
-                latencies["repl"] += repl
-                errors.extend(failed)
-
+        # The burst: the clients call shell.run on the 50 running sessions until every other
+        # session's first repl.exec has been answered.
+        done = threading.Event()
+        during = Phase()
+        drivers = threading.Thread(target=during.run,
+                                   args=(sock, base, clients, "shell", 0, done))
+        drivers.start()
+        time.sleep(0.5)  # the clients are calling
+        try:
+            burst_s, burst_errors = burst(sock, rest) if rest else (0.0, [])
+        finally:
+            done.set()
+            drivers.join()
+        fds = daemon.num_fds()
+        over_all, cpu = {}, {}
         me = psutil.Process()
-        cpu_before = sum(daemon.cpu_times()[:2])
-        tree_before, me_before = tree_cpu_s(daemon), sum(me.cpu_times()[:2])
-        busy_before = machine_busy_s()
-        started = time.perf_counter()
-        with ThreadPoolExecutor(clients) as pool:
-            list(pool.map(drive, range(clients)))
-        wall = time.perf_counter() - started
-        daemon_cpu = sum(daemon.cpu_times()[:2]) - cpu_before
-        busy = machine_busy_s() - busy_before
-        tree_cpu = tree_cpu_s(daemon) - tree_before
-        clients_cpu = sum(me.cpu_times()[:2]) - me_before
+        for m in ("shell", "repl"):
+            before = (sum(daemon.cpu_times()[:2]), tree_cpu_s(daemon), sum(me.cpu_times()[:2]),
+                      machine_busy_s())
+            over_all[m] = Phase().run(sock, opened, clients, m, CALLS_PER_PHASE)
+            after = (sum(daemon.cpu_times()[:2]), tree_cpu_s(daemon), sum(me.cpu_times()[:2]),
+                     machine_busy_s())
+            cpu[m] = [b - a for a, b in zip(before, after)]
         loaded_uss = statistics.median(sandbox_uss(proc.pid))
 
-    calls = len(latencies["shell"]) + len(latencies["repl"])
-    shell_p50, shell_p99 = (percentile(latencies["shell"], q) for q in (0.5, 0.99))
-    repl_p50, repl_p99 = (percentile(latencies["repl"], q) for q in (0.5, 0.99))
     name = f"load: {sessions} sessions, {clients} clients"
     report(f"{name}, session.open each ({OPENERS} at once)", ms(open_s / sessions))
-    report(f"{name}, calls/s", f"{calls / wall:8.0f}/s",
-           anchor=f"{calls} calls in {wall:.1f} s")
-    report('  shell.run("echo hi") under load, p50', ms(shell_p50),
-           anchor=f"unloaded median {ms(shell_unloaded)}", ratio=shell_p50 / shell_unloaded)
-    report('  shell.run("echo hi") under load, p99', ms(shell_p99),
-           anchor=f"unloaded median {ms(shell_unloaded)}", ratio=shell_p99 / shell_unloaded,
-           target="< 10 x")
-    report(f'  repl.exec("{REPL}") under load, p50', ms(repl_p50),
-           anchor=f"unloaded median {ms(repl_unloaded)}", ratio=repl_p50 / repl_unloaded)
-    report(f'  repl.exec("{REPL}") under load, p99', ms(repl_p99),
-           anchor=f"unloaded median {ms(repl_unloaded)}", ratio=repl_p99 / repl_unloaded)
-    report("  daemon CPU per call", ms(daemon_cpu / calls),
-           anchor=f"daemon and sandboxes {ms(tree_cpu / calls)}")
-    others = busy - tree_cpu - clients_cpu
-    report("  machine busy during the load", f"{busy / wall:8.2f} cores",
-           anchor=f"of {psutil.cpu_count()}: toolsd {tree_cpu / wall:.2f}, these clients "
-                  f"{clients_cpu / wall:.2f}, anything else {others / wall:.2f}")
     report("  memory per session, idle (USS of its sandbox, median)",
-           f"{idle_uss / 1e6:8.2f} MB", target="~2.6 MB")
+           f"{idle_uss / 1e6:8.2f} MB", target="<= 2.96 MB")
+    unloaded = {"shell": shell_unloaded, "repl": repl_unloaded}
+    calls = {"shell": f'shell.run("{SHELL}")', "repl": f'repl.exec("{REPL}")'}
+    for m in ("shell", "repl"):
+        few, many = over_base[m], over_all[m]
+        report(f"  {calls[m]} over {len(base)} sessions, calls/s", f"{few.rate:8.0f}/s",
+               anchor=f"p50 {ms(few.p(0.5)).strip()}, p99 {ms(few.p(0.99)).strip()}")
+        report(f"  {calls[m]} over {sessions} sessions, calls/s", f"{many.rate:8.0f}/s",
+               anchor=f"over {len(base)}: {few.rate:.0f}/s", ratio=few.rate / many.rate,
+               target="<= 1.3 x")
+        for q in (0.5, 0.99):
+            report(f"  {calls[m]} over {sessions} sessions, p{int(q * 100)}", ms(many.p(q)),
+                   anchor=f"unloaded median {ms(unloaded[m]).strip()}",
+                   ratio=many.p(q) / unloaded[m])
+    for m in ("shell", "repl"):
+        daemon_s, tree_s, clients_s, busy_s = cpu[m]
+        n, wall = len(over_all[m].latencies), over_all[m].wall
+        report(f"  {calls[m]} over {sessions} sessions, daemon CPU a call", ms(daemon_s / n),
+               anchor=f"daemon and sandboxes {ms(tree_s / n).strip()}; machine busy "
+                      f"{busy_s / wall:.2f} cores: toolsd {tree_s / wall:.2f}, these clients "
+                      f"{clients_s / wall:.2f}, else {(busy_s - tree_s - clients_s) / wall:.2f}")
+    report(f"  burst: {len(rest)} first repl.exec at once, the last answered after",
+           f"{burst_s:8.1f} s", anchor=f"{burst_s / max(1, len(rest)) * 1e3:.1f} ms a start")
+    for q, target in ((0.5, ""), (0.99, "<= 20 x")):
+        report(f"  shell.run during the burst, p{int(q * 100)}", ms(during.p(q)),
+               anchor=f"unloaded median {ms(shell_unloaded).strip()}, "
+                      f"{len(during.latencies)} calls",
+               ratio=during.p(q) / shell_unloaded, target=target)
     report("  memory per session with its REPL, after the load", f"{loaded_uss / 1e6:8.2f} MB")
     report("  daemon's open descriptors", f"{fds:8d}", anchor=f"{fds / sessions:.1f} a session")
+    errors = [*burst_errors, *during.errors,
+              *(e for ph in (*over_base.values(), *over_all.values()) for e in ph.errors)]
     report("  errors", f"{len(errors):8d}", target="0")
     for line in errors[:ERRORS_SHOWN]:
         print(f"    {line[:300]}")
