@@ -172,3 +172,29 @@ def test_missing_root_is_an_empty_tree():
     assert proctree.descendants(gone.pid) == []
     assert proctree.kill_tree(gone.pid, grace_s=0, include_root=False) == (0, 0)
     assert proctree.kill_tree(gone.pid, grace_s=0, include_root=True) == (0, 0)
+
+
+def test_children_are_read_from_the_process_alone_and_match_the_whole_proc():
+    # proctree.children reads the process's own task/*/children files (not all of /proc):
+    # the same pids as psutil's scan of every process, threads' children included.
+    code = ("import subprocess, sys, threading\n"
+            "kids = [subprocess.Popen(['sleep', '1000']) for _ in range(3)]\n"
+            "t = threading.Thread(target=lambda: kids.append(subprocess.Popen(['sleep', '1000'])))\n"
+            "t.start(); t.join()\n"
+            "print('ready', flush=True); sys.stdin.read()\n")
+    parent = subprocess.Popen(["python3", "-c", code], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout.readline() == b"ready\n"
+        expected = sorted(p.pid for p in psutil.Process(parent.pid).children())
+        assert len(expected) == 4
+        assert sorted(proctree.children(parent.pid)) == expected
+        assert proctree.children(2 ** 22 + 1) == []  # no such process
+    finally:
+        kids = psutil.Process(parent.pid).children()
+        for kid in kids:
+            kid.kill()
+        parent.kill()
+        parent.wait()
+        psutil.wait_procs(kids, timeout=5)
+        assert not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)

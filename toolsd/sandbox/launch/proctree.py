@@ -37,6 +37,29 @@ def _child_map() -> dict[int, list[int]]:
     return children
 
 
+def children(pid: int) -> list[int]:
+    """The children of `pid`, read from its threads' /proc/PID/task/TID/children files: a
+    look at that one process, however many the machine runs. Where the kernel has no such
+    files, from the whole /proc (_child_map). A child forked while we read may be missed,
+    so this is for callers that look again (resume_stopped_spawns)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.extend(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # that thread ended meanwhile
+            return _child_map().get(pid, [])  # a kernel without the files
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def _stat(pid: int) -> tuple[int, str, int] | None:
     """(parent pid, state letter, start tick) of a process from /proc/PID/stat; None if it
     is gone."""

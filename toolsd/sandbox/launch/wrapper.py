@@ -277,20 +277,20 @@ class Wrapper:
         """SIGCONT what the session's code stopped (kill -STOP -1) while a shim started it:
         a child of a shim still bearing the shim's name has not reached its exec yet, and
         the shim waits in posix_spawn for that exec. A command that runs has its own name,
-        and stays stopped if it was stopped."""
-        try:
-            shims = psutil.Process(self.host_pid).children()
-        except psutil.Error:
-            return
-        for shim in shims:
+        and stays stopped if it was stopped. Reads the launcher's children and theirs only
+        (proctree.children), never the whole /proc: under load every spawn slower than
+        SPAWN_STALL_S comes here."""
+        for shim_pid in proctree.children(self.host_pid):
             try:
-                children = shim.children()
+                shim = psutil.Process(shim_pid)
+                if shim.name() != SHIM_NAME:
+                    continue
             except psutil.Error:
                 continue
-            for child in children:
+            for child_pid in proctree.children(shim_pid):
                 try:
-                    if (child.status() == psutil.STATUS_STOPPED
-                            and child.name() == shim.name() == SHIM_NAME):
+                    child = psutil.Process(child_pid)
+                    if child.status() == psutil.STATUS_STOPPED and child.name() == SHIM_NAME:
                         child.resume()
                 except psutil.Error:
                     pass
