@@ -31,6 +31,10 @@ def add_parser(sub, common) -> None:
                    help="do not keep a sandbox started ahead for the next session.open "
                         "(session.open takes it instead of starting a sandbox; it holds one idle "
                         "sandbox's memory)")
+    p.add_argument("--interpreter-starts", type=positive, metavar="N",
+                   help="how many REPL interpreters may be starting at once, across sessions "
+                        "(a burst of new turns then leaves the CPU to the calls of sessions "
+                        "already running; default: the cores less one, at least one)")
     p.add_argument("--idle-timeout", type=duration, metavar="DURATION",
                    help="close a session after this long with no call and no running process "
                         "(90s, 30m, 2h, or seconds; default: never)")
@@ -57,6 +61,17 @@ def add_parser(sub, common) -> None:
 
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def positive(text: str) -> int:
+    """A whole number of at least 1 (argparse raises the message)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return n
 
 
 def duration(text: str) -> float:
@@ -96,6 +111,7 @@ def cmd_serve(args) -> int:
         shown=shown,
         warm_spare=args.warm_spare,
         idle_timeout_s=args.idle_timeout,
+        interpreter_starts=args.interpreter_starts,
         forward_binds=forward_binds,
         work_root=work_root,
         listen=tuple(args.listen),

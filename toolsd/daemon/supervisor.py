@@ -28,6 +28,7 @@ from toolsd.daemon.tenants import LOCAL
 from toolsd.sandbox.launch import cgroups
 from toolsd.sandbox.bwrap.policy import Limits
 from toolsd.tools.host import Host
+from toolsd.tools.interpreter import STARTS_AT_ONCE
 from toolsd.tools.ports import PortForwards
 from toolsd.tools.process_table import ProcessTable
 from toolsd.wire.protocol import (
@@ -51,6 +52,9 @@ class Config:
     shown: tuple[str, ...] = ()  # home.SECRETS entries let back into the home (--show)
     limits: Limits = Limits()
     warm_spare: bool = True  # keep a sandbox started ahead for the next session.open
+    # REPL interpreters starting at once, across sessions (--interpreter-starts); None:
+    # tools/interpreter.py's STARTS_AT_ONCE.
+    interpreter_starts: int | None = None
     # Close sessions idle for this long (--idle-timeout; see activity.Activity); None: never.
     idle_timeout_s: float | None = None
     forward_binds: tuple[str, ...] = ()  # port.forward's binds beyond loopback (--forward-bind)
@@ -103,11 +107,12 @@ class Supervisor:
         for folder in {place.folder for place in cgroup_places.values()}:
             cgroups.remove_stale(folder)
         # What every session and tool reads of the host, found once.
+        starts = trio.CapacityLimiter(config.interpreter_starts or STARTS_AT_ONCE)
         self.host = Host(
             max_frame=config.max_frame, limits=config.limits, shown=config.shown, bwrap=bwrap,
             why_no_sandbox=why_not, cgroup_places=cgroup_places,
             hidden_paths=self._hidden_paths(), scratch=self.state.scratch,
-            logs=self.state.logs)
+            logs=self.state.logs, interpreter_starts=starts)
         if config.idle_timeout_s is not None:
             log.info("sessions with no activity for %g s are closed (--idle-timeout)",
                      config.idle_timeout_s)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from toolsd.sandbox.launch import cgroups
 from toolsd.sandbox.bwrap.policy import Limits
+
+if TYPE_CHECKING:
+    import trio
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +26,9 @@ class Host:
     hidden_paths: Mapping[str, str]
     scratch: str  # the state folder's: a session's /tmp is a folder in it
     logs: str  # the state folder's: background processes' logs
+    # Not a fact but one for every session: how many interpreters may be starting at once,
+    # across sessions (tools/interpreter.py, STARTS_AT_ONCE).
+    interpreter_starts: trio.CapacityLimiter
 
     @property
     def sandbox_kind(self) -> str:

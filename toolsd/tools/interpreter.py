@@ -20,6 +20,18 @@ from toolsd.tools.sentinel import Sentinel, SentinelScanner
 if TYPE_CHECKING:
     from toolsd.tools.repl_run import Run
 
+# At most this many interpreters are starting at once, across every session (the daemon's
+# Host.interpreter_starts): a start is tens of milliseconds of CPU, and a burst of them (a
+# thousand turns beginning at once) would otherwise take every core from the calls of the
+# sessions already running. One core's worth at least stays theirs.
+STARTS_AT_ONCE = max(1, (os.cpu_count() or 1) - 1)
+# A start holds its place until the driver has answered an empty first request (it has
+# started and reads requests), for at most this long: a start that waits (a sitecustomize
+# sleeping, a stopped interpreter) is not using the CPU the bound is for, and must not hold
+# up the starts of other sessions.
+START_SLOT_S = 2.0
+WARM_UP = b'""\n'  # the empty first request, as the driver reads it: a JSON string
+
 # After the interpreter exits without a sentinel, how long we read the rest of its output
 # (the sentinel may still be in the pipe) before killing whatever holds the pipe open.
 DRAIN_S = 0.5
@@ -135,6 +147,16 @@ class Interpreter:
         except OSError:
             pass  # it died at once: the first request finds it gone
         return self
+
+    async def warm_up(self, within: float = START_SLOT_S) -> None:
+        """Send the empty first request and wait (at most `within` seconds) for its answer,
+        when the driver has started. Whatever the start printed (a sitecustomize's output)
+        comes at the start of the next request's output, as anything printed between
+        requests; a request begun before the answer came has the next number, and the
+        scanner drops the lower one's sentinel."""
+        self.begin(WARM_UP, self._idle_sink)
+        with trio.move_on_after(within):
+            await self.settled()
 
     @property
     def gone(self) -> bool:

@@ -69,7 +69,7 @@ from driver import NODE_REPL, PYTHON_REPL
 from toolsd.sandbox.launch import proctree
 from toolsd.sandbox.launch.channel import Ready
 from toolsd.sandbox.launch.spawning import end_tree, pump, spawn_with_pipe
-from toolsd.tools.interpreter import Interpreter, Sending
+from toolsd.tools.interpreter import START_SLOT_S, Interpreter, Sending
 from toolsd.tools.output import Ring
 from toolsd.tools.repl_memory import limit_interpreter
 from toolsd.tools.repl_run import Run, RunState
@@ -110,8 +110,12 @@ async def execute(session: SessionView, p: ReplExecParams,
         argv = interpreter_argv(session.sandbox.launcher.ready, p.language)
         if p.language == "python":
             argv.append(posixpath.join(session.spills.visible, FIGURES_FOLDER))
-            if session.sandbox.launcher.ready.python3:
-                argv[0] = await python_executable(session, argv[0])
+            if session.sandbox.launcher.ready.python3 and session.python_exe is None:
+                # An interpreter's start too, bounded as the driver's (interpreter.py).
+                async with session.host.interpreter_starts:
+                    argv[0] = await python_executable(session, argv[0], START_SLOT_S)
+            elif session.sandbox.launcher.ready.python3:
+                argv[0] = session.python_exe
         # Another call may have made it meanwhile: then that one is the turn's.
         repl = turn.repl_for(p.language,
                              lambda: Repl(p.language, argv, turn.id, session.spills))
@@ -127,16 +131,17 @@ def start_detached(session: SessionView, p: ReplExecParams, detached: Detached) 
     return repl is not None and repl.start_detached(p, detached, session)
 
 
-async def python_executable(session: SessionView, python3: str) -> str:
+async def python_executable(session: SessionView, python3: str, within: float) -> str:
     """The real interpreter behind the sandbox's `python3`, asked once per session. It is
     often a wrapper script (a pyenv shim runs bash on every start), and every turn
-    starts a fresh interpreter. Asked in the workspace, as version files there may pick it."""
+    starts a fresh interpreter. Asked in the workspace, as version files there may pick it.
+    One that does not answer `within` seconds is ended, and `python3` itself is used."""
     if session.python_exe is None:
         job, read_fd = await spawn_with_pipe(
             session.sandbox, [python3, "-c", "import sys; print(sys.executable)"],
             cwd=session.workspace, env=session.env)
         out = bytearray()
-        with trio.move_on_after(30):
+        with trio.move_on_after(within):
             await pump(read_fd, out.extend)
             await job.exited.wait()
         if not job.exited.is_set():
@@ -203,9 +208,13 @@ class Repl:
                 if interp is not None:
                     await interp.kill()  # what its children may have left running
                 session.check_open()
-                interp = self._interp = await Interpreter.start(session, self.argv,
-                                                                 self._late_feed)
-                limit_interpreter(interp.job.pid, self.language, session.limits.memory_mb)
+                # Bounded across sessions, until the driver has started (interpreter.py).
+                async with session.host.interpreter_starts:
+                    interp = self._interp = await Interpreter.start(session, self.argv,
+                                                                     self._late_feed)
+                    limit_interpreter(interp.job.pid, self.language, session.limits.memory_mb)
+                    if not self.closed:
+                        await interp.warm_up()
                 if self.closed:
                     # The turn ended while the interpreter started: aclose did not see it.
                     await interp.kill()
