@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -154,3 +155,20 @@ async def test_a_damaged_history_says_so_and_what_to_do(kit):
     assert str(e.value).endswith(f"); start a new conversation, or move {folder} away")
     # Nothing of it is held: a new conversation opens, and so would this one, mended.
     assert (await (await kit.open([reply("fresh")])).run_turn("hi")).outcome == "completed"
+
+
+def test_conversations_made_in_one_second_list_in_the_order_they_were_made(tmp_path):
+    # Ids begin with the time: to the second they tied, and the random rest decided which was
+    # "the newest" (--continue) and the order of --list.
+    store = ConversationStore(str(tmp_path / "ws"), str(tmp_path / "store"))
+    os.makedirs(store.workspace, exist_ok=True)
+    made = []
+    for _ in range(6):
+        conversation = store.new()
+        made.append(conversation.id)
+        conversation.close()
+        time.sleep(0.002)
+    assert store.ids() == made
+    latest = store.latest()
+    assert latest.id == made[-1]
+    latest.close()

@@ -74,7 +74,11 @@ class ConversationStore:
     def new(self) -> Conversation:
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         while True:
-            cid = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(3).hex()
+            # To the millisecond, then random: ids made in the same second still sort in
+            # the order they were made (ids() is oldest first, --continue takes the last).
+            now = time.time()
+            cid = (time.strftime("%Y%m%d-%H%M%S-", time.localtime(now))
+                   + f"{int(now * 1000) % 1000:03d}" + os.urandom(2).hex())
             try:
                 os.mkdir(os.path.join(self.folder, cid), 0o700)
                 break
