@@ -37,11 +37,18 @@ def _child_map() -> dict[int, list[int]]:
     return children
 
 
+# Whether this kernel has /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN).
+HAVE_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
 def children(pid: int) -> list[int]:
     """The children of `pid`, read from its threads' /proc/PID/task/TID/children files: a
     look at that one process, however many the machine runs. Where the kernel has no such
     files, from the whole /proc (_child_map). A child forked while we read may be missed,
-    so this is for callers that look again (resume_stopped_spawns)."""
+    so this is for callers that look again or only look (resume_stopped_spawns,
+    descendants); a kill walks the whole /proc until nothing is left (_Killer)."""
+    if not HAVE_CHILDREN_FILES:
+        return _child_map().get(pid, [])
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -51,12 +58,8 @@ def children(pid: int) -> list[int]:
         try:
             with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
                 found.extend(int(c) for c in f.read().split())
-        except FileNotFoundError:
-            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
-                continue  # that thread ended meanwhile
-            return _child_map().get(pid, [])  # a kernel without the files
         except (OSError, ValueError):
-            continue
+            continue  # that thread ended meanwhile
     return found
 
 
@@ -76,6 +79,15 @@ def _stat(pid: int) -> tuple[int, str, int] | None:
         return None
 
 
+class _Lookup(dict):
+    """parent pid -> child pids, read from each parent's children files when asked."""
+
+    def get(self, pid: int, default=()):
+        if pid not in self:
+            self[pid] = children(pid)
+        return self[pid]
+
+
 def _walk(roots, children: dict[int, list[int]]) -> list[int]:
     """Descendants of every root (roots themselves excluded), each once, parents first."""
     seen: set[int] = set()
@@ -91,9 +103,12 @@ def _walk(roots, children: dict[int, list[int]]) -> list[int]:
 
 
 def descendants(pid: int) -> list[psutil.Process]:
-    """Every process below `pid` (zombies included), parents before their children."""
+    """Every process below `pid` (zombies included), parents before their children: for
+    looking (process.list, whether a process waits for input), read from the tree's own
+    processes (children), not from every process of the machine."""
     found = []
-    for child in _walk([pid], _child_map()):
+    tree = _child_map() if not HAVE_CHILDREN_FILES else _Lookup()
+    for child in _walk([pid], tree):
         try:
             found.append(psutil.Process(child))
         except psutil.NoSuchProcess:
