@@ -109,7 +109,7 @@ def running_daemon(*extra: str, env: dict[str, str] | None = None):
         yield sock, root, proc
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        proc.wait(timeout=600)  # a daemon with a thousand sessions closes them all first
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -229,6 +229,14 @@ def bench_load(sessions: int = 200, clients: int = 16) -> None:
             cpu[m] = [b - a for a, b in zip(before, after)]
         loaded_uss = statistics.median(sandbox_uss(proc.pid))
 
+        def close(pair: tuple[str, str]) -> None:
+            client().session_close(pair[0])
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(close, opened))
+        close_s = time.perf_counter() - started
+
     name = f"load: {sessions} sessions, {clients} clients"
     report(f"{name}, session.open each ({OPENERS} at once)", ms(open_s / sessions))
     report("  memory per session, idle (USS of its sandbox, median)",
@@ -261,6 +269,8 @@ def bench_load(sessions: int = 200, clients: int = 16) -> None:
                       f"{len(during.latencies)} calls",
                ratio=during.p(q) / shell_unloaded, target=target)
     report("  memory per session with its REPL, after the load", f"{loaded_uss / 1e6:8.2f} MB")
+    report(f"  session.close of all {sessions}, {clients} at once, each", ms(close_s / sessions),
+           anchor=f"all closed in {close_s:.1f} s")
     report("  daemon's open descriptors", f"{fds:8d}", anchor=f"{fds / sessions:.1f} a session")
     errors = [*burst_errors, *during.errors,
               *(e for ph in (*over_base.values(), *over_all.values()) for e in ph.errors)]

@@ -179,7 +179,8 @@ def test_children_are_read_from_the_process_alone_and_match_the_whole_proc():
     # the same pids as psutil's scan of every process, threads' children included.
     code = ("import subprocess, sys, threading\n"
             "kids = [subprocess.Popen(['sleep', '1000']) for _ in range(3)]\n"
-            "t = threading.Thread(target=lambda: kids.append(subprocess.Popen(['sleep', '1000'])))\n"
+            "t = threading.Thread(\n"
+            "    target=lambda: kids.append(subprocess.Popen(['sleep', '1000'])))\n"
             "t.start(); t.join()\n"
             "print('ready', flush=True); sys.stdin.read()\n")
     parent = subprocess.Popen(["python3", "-c", code], stdin=subprocess.PIPE,

@@ -1,6 +1,7 @@
 """file.read, file.write, file.list, file.stat, file.mkdir, file.remove, file.rename: done by
 the session's file helper inside its sandbox (sandbox/launch/file_helper_client.py,
-driver/file_helper.py), so that each sees and may touch exactly what the session's own commands do."""
+driver/file_helper.py), so that each sees and may touch exactly what the session's own
+commands do."""
 
 from __future__ import annotations
 
