@@ -45,8 +45,8 @@ def children(pid: int) -> list[int]:
     """The children of `pid`, read from its threads' /proc/PID/task/TID/children files: a
     look at that one process, however many the machine runs. Where the kernel has no such
     files, from the whole /proc (_child_map). A child forked while we read may be missed,
-    so this is for callers that look again or only look (resume_stopped_spawns,
-    descendants); a kill walks the whole /proc until nothing is left (_Killer)."""
+    so this is for callers that look again or only look (child_lookup); a kill walks the
+    whole /proc until nothing is left (_Killer)."""
     if not HAVE_CHILDREN_FILES:
         return _child_map().get(pid, [])
     try:
@@ -88,6 +88,12 @@ class _Lookup(dict):
         return self[pid]
 
 
+def child_lookup() -> dict[int, list[int]]:
+    """parent pid -> child pids for looking at a few trees: read from the processes asked
+    about, or, on a kernel without children files, from one walk of the whole /proc."""
+    return _Lookup() if HAVE_CHILDREN_FILES else _child_map()
+
+
 def _walk(roots, children: dict[int, list[int]]) -> list[int]:
     """Descendants of every root (roots themselves excluded), each once, parents first."""
     seen: set[int] = set()
@@ -107,8 +113,7 @@ def descendants(pid: int) -> list[psutil.Process]:
     looking (process.list, whether a process waits for input), read from the tree's own
     processes (children), not from every process of the machine."""
     found = []
-    tree = _child_map() if not HAVE_CHILDREN_FILES else _Lookup()
-    for child in _walk([pid], tree):
+    for child in _walk([pid], child_lookup()):
         try:
             found.append(psutil.Process(child))
         except psutil.NoSuchProcess:

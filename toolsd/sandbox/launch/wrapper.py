@@ -278,16 +278,17 @@ class Wrapper:
         a child of a shim still bearing the shim's name has not reached its exec yet, and
         the shim waits in posix_spawn for that exec. A command that runs has its own name,
         and stays stopped if it was stopped. Reads the launcher's children and theirs only
-        (proctree.children), never the whole /proc: under load every spawn slower than
+        (proctree.child_lookup), never the whole /proc: under load every spawn slower than
         SPAWN_STALL_S comes here."""
-        for shim_pid in proctree.children(self.host_pid):
+        tree = proctree.child_lookup()
+        for shim_pid in tree.get(self.host_pid, ()):
             try:
                 shim = psutil.Process(shim_pid)
                 if shim.name() != SHIM_NAME:
                     continue
             except psutil.Error:
                 continue
-            for child_pid in proctree.children(shim_pid):
+            for child_pid in tree.get(shim_pid, ()):
                 try:
                     child = psutil.Process(child_pid)
                     if child.status() == psutil.STATUS_STOPPED and child.name() == SHIM_NAME:
