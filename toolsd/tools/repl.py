@@ -110,12 +110,8 @@ async def execute(session: SessionView, p: ReplExecParams,
         argv = interpreter_argv(session.sandbox.launcher.ready, p.language)
         if p.language == "python":
             argv.append(posixpath.join(session.spills.visible, FIGURES_FOLDER))
-            if session.sandbox.launcher.ready.python3 and session.python_exe is None:
-                # An interpreter's start too, bounded as the driver's (interpreter.py).
-                async with session.host.interpreter_starts:
-                    argv[0] = await python_executable(session, argv[0], START_SLOT_S)
-            elif session.sandbox.launcher.ready.python3:
-                argv[0] = session.python_exe
+            if session.sandbox.launcher.ready.python3:
+                argv[0] = await python_executable(session, argv[0])
         # Another call may have made it meanwhile: then that one is the turn's.
         repl = turn.repl_for(p.language,
                              lambda: Repl(p.language, argv, turn.id, session.spills))
@@ -131,17 +127,22 @@ def start_detached(session: SessionView, p: ReplExecParams, detached: Detached) 
     return repl is not None and repl.start_detached(p, detached, session)
 
 
-async def python_executable(session: SessionView, python3: str, within: float) -> str:
+async def python_executable(session: SessionView, python3: str) -> str:
     """The real interpreter behind the sandbox's `python3`, asked once per session. It is
     often a wrapper script (a pyenv shim runs bash on every start), and every turn
     starts a fresh interpreter. Asked in the workspace, as version files there may pick it.
-    One that does not answer `within` seconds is ended, and `python3` itself is used."""
-    if session.python_exe is None:
+    Asking is an interpreter's start too, bounded as the driver's (interpreter.py): one that
+    does not answer within START_SLOT_S is ended, and `python3` itself is used."""
+    if session.python_exe is not None:
+        return session.python_exe
+    async with session.host.interpreter_starts:
+        if session.python_exe is not None:
+            return session.python_exe  # asked by another call while this one waited
         job, read_fd = await spawn_with_pipe(
             session.sandbox, [python3, "-c", "import sys; print(sys.executable)"],
             cwd=session.workspace, env=session.env)
         out = bytearray()
-        with trio.move_on_after(within):
+        with trio.move_on_after(START_SLOT_S):
             await pump(read_fd, out.extend)
             await job.exited.wait()
         if not job.exited.is_set():
