@@ -9,10 +9,19 @@ import threading
 
 import pytest
 
-from conftest import needs_bwrap, wait_for
+from conftest import needs_bwrap, wait_for, wait_gone
 from toolsd.client import Client
 
 pytestmark = [needs_bwrap, pytest.mark.daemon("--interpreter-starts", "1")]
+
+
+@pytest.fixture(autouse=True)
+def no_interpreter_left(daemon, client):
+    """Once the test's sessions are closed, none of their interpreters is left."""
+    yield
+    for s in client.session_list()["sessions"]:
+        client.session_close(s["session"])
+    assert wait_gone(daemon.running("python_repl.py"), timeout=30) == []
 
 SESSIONS = 4
 STUCK_S = 60  # a safety net against a hang, not a timing assertion
