@@ -37,6 +37,8 @@ PR_SET_NAME, PR_SET_DUMPABLE = 15, 4
 NAME = b"toolsd-files"
 # How long an IN_MOVED_FROM waits for its IN_MOVED_TO before it counts as a removal.
 MOVE_PAIR_MS = 20
+# Data up to this size goes out with its header in one send.
+SMALL_DATA = 1 << 16
 
 
 class HelperChannel:
@@ -82,6 +84,9 @@ class HelperChannel:
         head = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode(
             "utf-8", "replace")
         frame = HEADER.pack(len(head), len(data)) + head
+        if data and len(data) <= SMALL_DATA:
+            # One send, so the daemon wakes once for the whole answer.
+            frame, data = frame + bytes(data), b""
         if fds:
             sent = self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                                 struct.pack("%di" % len(fds), *fds))])

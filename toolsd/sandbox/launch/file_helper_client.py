@@ -29,6 +29,7 @@ import msgspec
 import trio
 
 from driver import FILE_HELPER_PY
+from toolsd.runtime import threads
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.sandbox.errors import Fault, SandboxError
 from toolsd.sandbox.bwrap.mount_plan import plan_mounts
@@ -203,12 +204,25 @@ class FileHelper:
     async def _send(self, sock: socket.socket, meta: dict, data: bytes = b"") -> None:
         head = _encode(meta)
         frame = HEADER.pack(len(head), len(data)) + head
-        async with self._send_lock:
+        if data and len(data) <= _RECV:
+            frame, data = frame + data, b""
+        async with threads.held(self._send_lock):
+            # A frame the socket takes whole at once (the usual case) needs neither the
+            # shield nor the timer: each scope costs more than such a send.
+            try:
+                sent = sock.send(frame)
+            except BlockingIOError:
+                sent = 0
+            except OSError as e:
+                self._gone(sock, f"its socket failed: {e}")
+                return
+            if sent == len(frame) and not data:
+                return
             # Whole or not at all: half a frame would garble every later one.
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(SEND_TIMEOUT_S) as timer:
                     try:
-                        await _send_all(sock, frame)
+                        await _send_all(sock, frame[sent:])
                         if data:
                             await _send_all(sock, data)
                     except OSError as e:

@@ -1,0 +1,48 @@
+"""runtime/threads.py: the worker-thread pools, and taking a slot of one (`held`)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import trio
+
+from toolsd.runtime import threads
+
+
+async def test_a_free_slot_is_taken_without_letting_other_tasks_run_first():
+    order = []
+
+    async def other() -> None:
+        order.append("other")
+
+    pool = trio.CapacityLimiter(1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        async with threads.held(pool):
+            order.append("held")
+    assert order == ["held", "other"]
+
+
+@pytest.mark.parametrize("make", [lambda: trio.CapacityLimiter(1), lambda: trio.Semaphore(1),
+                                  trio.Lock], ids=["limiter", "semaphore", "lock"])
+async def test_a_taken_slot_is_waited_for_and_given_back_even_on_error(make):
+    slots = make()
+    inside = []
+
+    async def user(name: str, fail: bool) -> None:
+        with pytest.raises(RuntimeError) if fail else contextlib.nullcontext():
+            async with threads.held(slots):
+                inside.append(name)
+                assert len(inside) == 1, inside  # never two at once
+                await trio.sleep(0.01)
+                inside.remove(name)
+                if fail:
+                    raise RuntimeError("boom")
+
+    async with trio.open_nursery() as nursery:
+        for n in range(4):
+            nursery.start_soon(user, f"u{n}", n % 2 == 0)
+    async with threads.held(slots):  # every slot came back
+        pass
+
