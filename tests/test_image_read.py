@@ -157,6 +157,26 @@ def test_not_an_image(workspace, client, session, content):
     assert "broken.png" in e.message
 
 
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def test_small_picture_with_damaged_pixels_is_refused_as_a_large_one_is(workspace, client,
+                                                                         session):
+    """A small plain PNG is fitted in the event loop (tools/images/sniff.py): sound chunks
+    around pixels that do not inflate must still be not_an_image, and the daemon goes on."""
+    ihdr = struct.pack(">IIBBBBB", 8, 8, 8, 2, 0, 0, 0)
+    damaged = (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
+               + png_chunk(b"IDAT", b"not zlib data at all") + png_chunk(b"IEND", b""))
+    write(workspace, "damaged.png", damaged)
+    for _ in range(2):  # the second read goes through the session's file helper
+        e = error_of(lambda: client.image_read(session, "damaged.png"))
+        assert e.code == "not_an_image" and "damaged.png" in e.message
+    fine = encode(picture((8, 8)), "PNG")
+    write(workspace, "fine.png", fine)
+    assert client.image_read(session, "fine.png")["data"] == fine
+
+
 def png_bomb(width: int, height: int) -> bytes:
     """A valid 1-bit PNG of width x height black pixels: a few KB on disk, one byte per pixel
     once Pillow decodes it."""

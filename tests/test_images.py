@@ -5,9 +5,10 @@ import zlib
 
 import psutil
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, PngImagePlugin
 
 from toolsd.tools.images import MIN_MAX_BYTES, ImageTooLarge, NotAnImage, fit_image
+from toolsd.tools.images.sniff import SMALL_PIXELS, kept_as_is
 
 
 def encode(im: Image.Image, fmt: str, **options) -> bytes:
@@ -322,3 +323,72 @@ def test_smallest_budget_still_fits_a_photo():
     fitted = fit_image(encode(photo((800, 600)), "PNG"), max_bytes=MIN_MAX_BYTES, max_dim=1)
     assert len(fitted.data) <= MIN_MAX_BYTES
     assert (fitted.width, fitted.height) == (1, 1)
+
+
+# --- fitted in the event loop (kept_as_is) --------------------------------------------
+
+
+def png_with(text: str = "", compressed: bool = False, size=(16, 16), **options) -> bytes:
+    info = PngImagePlugin.PngInfo()
+    if text:
+        info.add_text("Comment", text, zip=compressed)
+    return encode(Image.new("RGB", size, (200, 30, 30)), "PNG", pnginfo=info, **options)
+
+
+def exif_rotated() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return encode(photo((16, 12)), "JPEG", exif=exif.tobytes())
+
+
+def mpo() -> bytes:
+    frames = [Image.new("RGB", (16, 16), c) for c in ("red", "blue")]
+    return encode(frames[0], "MPO", save_all=True, append_images=frames[1:])
+
+
+SMALL_AS_THEY_ARE = {
+    "png 1x1": encode(Image.new("RGB", (1, 1)), "PNG"),
+    "png at the pixel limit": encode(Image.new("RGBA", (128, 128)), "PNG"),
+    "png palette, transparent": encode(Image.new("P", (10, 10)), "PNG", transparency=0),
+    "png 16-bit grey": encode(Image.new("I;16", (10, 10)), "PNG"),
+    "png with plain text": png_with("made by a test"),
+    "jpeg": encode(photo((64, 48)), "JPEG"),
+    "jpeg grey": encode(Image.new("L", (64, 48)), "JPEG"),
+}
+NOT_VOUCHED_FOR = {
+    "png over the pixel limit": encode(Image.new("RGB", (129, 128)), "PNG"),
+    "png with compressed text": png_with("x" * 1000, compressed=True),
+    "png with a colour profile": png_with(icc_profile=b"\0" * 200),
+    "png without its end": encode(Image.new("RGB", (1, 1)), "PNG")[:-12],
+    "animated png": encode(Image.new("RGB", (8, 8)), "PNG", save_all=True,
+                           append_images=[Image.new("RGB", (8, 8), "blue")]),
+    "jpeg progressive": encode(photo((64, 48)), "JPEG", progressive=True),
+    "jpeg cmyk": encode(Image.new("CMYK", (16, 16)), "JPEG"),
+    "jpeg exif rotated": exif_rotated(),
+    "mpo": mpo(),
+    "gif": encode(Image.new("P", (8, 8)), "GIF"),
+    "webp": encode(Image.new("RGB", (8, 8)), "WEBP"),
+    "png declaring a huge size": png_declaring(100_000, 100_000),
+    "text": b"\x89PNG\r\n\x1a\n but not really",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_AS_THEY_ARE))
+def test_small_plain_png_or_jpeg_that_fits_is_kept_as_is(name):
+    data = SMALL_AS_THEY_ARE[name]
+    assert kept_as_is(data, 1568, 3_750_000)
+    fitted = fit_image(data)
+    assert fitted.data == data and not fitted.resized
+
+
+@pytest.mark.parametrize("name", sorted(NOT_VOUCHED_FOR))
+def test_what_decoding_could_spend_time_on_is_not_vouched_for(name):
+    assert not kept_as_is(NOT_VOUCHED_FOR[name], 1568, 3_750_000)
+
+
+def test_kept_as_is_asks_the_picture_to_fit_the_callers_budget():
+    data = encode(photo((64, 48)), "JPEG")
+    assert kept_as_is(data, 64, len(data))
+    assert not kept_as_is(data, 63, len(data))
+    assert not kept_as_is(data, 64, len(data) - 1)
+    assert SMALL_PIXELS >= 64 * 48

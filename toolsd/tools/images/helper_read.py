@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from toolsd.runtime import threads
 from toolsd.sandbox.errors import SandboxError
 from toolsd.tools import files
 from toolsd.wire.files import MAX_READ
@@ -33,7 +34,7 @@ async def read(session: SessionView, path: str) -> bytes | None:
             pass  # the session is closing: the reader process says so
         return None
     try:
-        async with helper.read_slots:
+        async with threads.held(helper.read_slots):
             result, data = await files.call(session, {"op": "read", "path": path,
                                                       "offset": 0, "length": MAX_READ})
     except (ToolsdError, SandboxError):

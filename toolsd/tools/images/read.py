@@ -1,6 +1,8 @@
 """image.read: the file read inside the session's sandbox (so the call sees exactly what the
 session's commands see: by its file helper once that runs, helper_read.py), fitted by fit.py
-in a worker thread, at most DECODE_SLOTS at a time."""
+in a worker thread, at most DECODE_SLOTS at a time; a small picture that goes out as it is
+(fit.kept_as_is) is fitted in the event loop, where its one short decode costs less than
+the hop to a thread and back."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from toolsd.sandbox.errors import Fault
 from toolsd.sandbox.launch.spawn_request import SpawnRequest
 from toolsd.tools.images import helper_read
 from toolsd.tools.images.fit import ImageTooLarge, NotAnImage, fit_image
+from toolsd.tools.images.sniff import kept_as_is
 from toolsd.wire.protocol import (
     BAD_PARAMS,
     IMAGE_TOO_LARGE,
@@ -90,13 +93,19 @@ async def read(session: SessionView, p: ImageReadParams) -> ImageReadResult:
     # The slot covers the read too: else concurrent reads would hold their whole files
     # while waiting for a decode slot.
     try:
-        async with threads.limiter("image_decode", DECODE_SLOTS):
+        async with threads.held(threads.limiter("image_decode", DECODE_SLOTS)):
             data = await helper_read.read(session, p.path)
             if data is None:
                 data = await _read_in_sandbox(session, p.path)
-            fitted = await trio.to_thread.run_sync(
-                lambda: fit_image(data, max_dim=p.max_dim, max_bytes=p.max_bytes,
-                                  max_pixels=MAX_PIXELS))
+
+            def fit():
+                return fit_image(data, max_dim=p.max_dim, max_bytes=p.max_bytes,
+                                 max_pixels=MAX_PIXELS)
+
+            if kept_as_is(data, p.max_dim, p.max_bytes):
+                fitted = fit()
+            else:
+                fitted = await trio.to_thread.run_sync(fit)
     except NotAnImage as e:
         raise ToolsdError(NOT_AN_IMAGE, f"{p.path}: {e}") from None
     except ImageTooLarge as e:
