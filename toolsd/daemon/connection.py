@@ -1,6 +1,6 @@
 """One client's connection: read frames, run each request in its own task (or none, for a
-method that can: tools.answers.Detached, and a row that says `instant`, answered at once),
-answer through one send lock per connection.
+method that can: tools.answers.Detached, and a row that says `instant` or has its answer
+`now`, answered at once), answer through one send lock per connection.
 
 Resource handling: serve.py's `serve()` owns the listening socket and every connection; a
 connection owns its in-flight requests (its RequestTable, requests.py, where the invariant
@@ -227,20 +227,25 @@ class Connection:
         return False
 
     def _answer_now(self, entry: Entry) -> bool:
-        """Answer here, in the task that read it, a request that cannot wait: a `cancel`, or
-        one whose row says `instant`. No task, no cancel scope: each is a pass of trio's
-        scheduler, which costs more than such a request. False for any other request."""
+        """Answer here, in the task that read it, a request that cannot wait: a `cancel`, one
+        whose row says `instant`, or one whose row's `now` has its answer at once. No task,
+        no cancel scope: each is a pass of trio's scheduler, which costs more than such a
+        request. False for any other request (admitted already, if its `now` said LATER)."""
         request = entry.request
         if request.method == "cancel":
             reply = self.cancel(request)
         else:
             method = entry.method
-            if method is None or not method.instant or not entry.registered:
+            if method is None or not entry.registered or not (
+                    method.instant or method.now is not None):
                 return False
             try:
                 params = method.admit(self.supervisor, request, self.tenant)
-                reply = Reply(id=request.id,
-                              result=method.call_now(self.supervisor, params, self.tenant))
+                result = method.call_now(self.supervisor, params, self.tenant)
+                if result is dispatch.LATER:
+                    entry.params = params
+                    return False
+                reply = Reply(id=request.id, result=result)
             except (ToolsdError, SandboxError) as e:
                 reply = _refused(request.id, e)
             except Exception:

@@ -16,6 +16,11 @@ Tenants (daemon/tenants.py): a row whose params name a session or a process says
 admits a request only once `tenants.check` found that id the caller's (`Method.admit`):
 another tenant's is the not_found of an unknown id, before the handler runs. A new method
 that takes such an id needs nothing but its scope; tests/test_tenants.py tries every row.
+
+Requests that need no task (connection._answer_now): a row that is `instant` has a plain
+handler that never waits; a row with `now` has, besides its handler, a plain one that answers
+at once when it can (process.list of finished processes, process.output that waits for
+nothing) and otherwise returns LATER, having done nothing, for `handler` to run in a task.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from toolsd.wire.process_input import (
 )
 from toolsd.wire.protocol import (
     FEATURES,
+    UNSET,
     CancelParams,
     HelloParams,
     HelloResult,
@@ -82,9 +88,12 @@ if TYPE_CHECKING:
     from toolsd.daemon.supervisor import Supervisor
     from toolsd.tools.background_process import BackgroundProcess
 
-__all__ = ["METHODS", "Method", "On", "Call", "CancelParams", "decode"]
+__all__ = ["METHODS", "Method", "On", "Call", "CancelParams", "decode", "LATER"]
 
 P = TypeVar("P", bound=msgspec.Struct)
+
+# What a row's `now` handler returns when the request needs a task after all.
+LATER: Final = object()
 
 
 class On(enum.Enum):
@@ -134,6 +143,10 @@ class Method(Generic[P]):
     # the request in the task that read it, with no task or cancel scope of its own
     # (connection._answer_now).
     instant: bool = False
+    # A plain handler, on the same target, tried first in the task that read the request:
+    # its result is the answer, or it returns LATER, having changed nothing, and `handler`
+    # runs in a task of its own.
+    now: Callable[..., object] | None = None
 
     def decode(self, request: Request) -> P:
         return decode(self.params, request)
@@ -151,19 +164,37 @@ class Method(Generic[P]):
         if self.on is On.DAEMON:
             result = self.handler(sup, params, call)
             return result if self.instant else await result
-        if self.on is On.SESSION:
-            session = sup.session(params.session)
-        else:
-            proc = sup.processes.get(params.id, params.session)
-            session = proc.session
+        target, session = self._target(sup, params)
         with session.call():
-            result = await self.handler(session if self.on is On.SESSION else proc,
-                                        params, call)
+            result = await self.handler(target, params, call)
             return await session.reported(result) if self.reports else result
 
     def call_now(self, sup: Supervisor, params: P, tenant: str) -> object:
-        """An instant row's result."""
-        return self.handler(sup, params, Call(sup, None, tenant))
+        """An instant row's result, or a `now` row's when it has one at once (else LATER)."""
+        call = Call(sup, None, tenant)
+        if self.instant:
+            return self.handler(sup, params, call)
+        if self.on is On.DAEMON:
+            return self.now(sup, params, call)
+        target, session = self._target(sup, params)
+        # As session.reported, but looked at first: LATER must come before anything is done.
+        host_exec = session.repositories.look_now() if self.reports else UNSET
+        if host_exec is None:
+            return LATER  # looking needs a worker thread
+        with session.call():
+            result = self.now(target, params, call)
+        if result is LATER or not self.reports:
+            return result
+        result.host_exec = host_exec or UNSET
+        return session.net.report(result)
+
+    def _target(self, sup: Supervisor, params: P) -> tuple[object, Session]:
+        """What a SESSION or PROCESS row's handler is given, and the session it is in."""
+        if self.on is On.SESSION:
+            session = sup.session(params.session)
+            return session, session
+        proc = sup.processes.get(params.id, params.session)
+        return proc, proc.session
 
 
 def hello(sup: Supervisor, p: HelloParams, call: Call) -> HelloResult:
@@ -230,6 +261,14 @@ async def process_output(proc: BackgroundProcess, p: ProcessOutputParams,
     return result
 
 
+def process_output_now(proc: BackgroundProcess, p: ProcessOutputParams, call: Call) -> object:
+    result = processes.output_now(proc, p)
+    if result is None:
+        return LATER
+    proc.session.net.report_output(result, proc, moves_mark=p.since is None)  # egress
+    return result
+
+
 async def process_stop(proc: BackgroundProcess, p: ProcessStopParams,
                        call: Call) -> ProcessStopResult:
     return await processes.stop(proc, p)
@@ -254,7 +293,15 @@ async def port_close(session: Session, p: PortCloseParams, call: Call) -> PortCl
 
 
 async def process_list(sup: Supervisor, p: ProcessListParams, call: Call) -> ProcessListResult:
-    listed = await processes.listing(sup.processes, p)
+    return _tenants_own(sup, call, await processes.listing(sup.processes, p))
+
+
+def process_list_now(sup: Supervisor, p: ProcessListParams, call: Call) -> object:
+    listed = processes.listing_now(sup.processes, p)
+    return LATER if listed is None else _tenants_own(sup, call, listed)
+
+
+def _tenants_own(sup: Supervisor, call: Call, listed: ProcessListResult) -> ProcessListResult:
     if call.tenant != LOCAL:
         mine = {bg.id for bg in sup.processes if bg.session.tenant == call.tenant}
         listed.processes = [info for info in listed.processes if info.id in mine]
@@ -303,11 +350,13 @@ METHODS: Final[dict[str, Method]] = {
     "repl.exec": Method(ReplExecParams, repl_exec, ON_SESSION, detached=repl_exec_detached,
                         scope=SESSION),
     "process.start": Method(ProcessStartParams, process_start, ON_SESSION, scope=SESSION),
-    "process.output": Method(ProcessOutputParams, process_output, ON_PROCESS, scope=PROCESS),
+    "process.output": Method(ProcessOutputParams, process_output, ON_PROCESS, scope=PROCESS,
+                             now=process_output_now),
     "process.stop": Method(ProcessStopParams, process_stop, ON_PROCESS, scope=PROCESS),
     "process.write": Method(ProcessWriteParams, process_write, ON_PROCESS, scope=PROCESS),
     "process.resize": Method(ProcessResizeParams, process_resize, ON_PROCESS, scope=PROCESS),
-    "process.list": Method(ProcessListParams, process_list, scope=SESSION),
+    "process.list": Method(ProcessListParams, process_list, scope=SESSION,
+                           now=process_list_now),
     "image.read": Method(ImageReadParams, image_read, ON_SESSION, scope=SESSION),
     "port.forward": Method(PortForwardParams, port_forward, ON_SESSION, scope=SESSION),
     "port.close": Method(PortCloseParams, port_close, ON_SESSION, scope=SESSION),

@@ -58,14 +58,21 @@ class Look(NamedTuple):
     tree: Tree | None
 
 
+def waiting_now(proc) -> bool | None:
+    """`waiting` when it needs no look at the process's tree (it has no input open, is not
+    running, or has input still unread); else None."""
+    source = proc.input
+    if source is None or not source.open or not proc.running or source.pending():
+        return False
+    return None
+
+
 async def waiting(proc) -> bool:
     """Whether BackgroundProcess `proc` waits for input now (false without input)."""
+    known = waiting_now(proc)
+    if known is not None:
+        return known
     source = proc.input
-    if source is None or not source.open or not proc.running:
-        return False
-    pending = source.pending()
-    if pending:
-        return False
     with proc.job.holding_tree() as shim_pid:
         if shim_pid is None:
             return False

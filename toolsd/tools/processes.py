@@ -231,8 +231,27 @@ async def read_range(proc: BackgroundProcess, start: int, end: int, max_chars: i
     when it fits, else its head and its tail around one marker line that says where to read
     the rest. Returns (text, truncated, dropped_bytes). The bytes are read here (the ring
     changes as output comes); a large rendering runs in a worker thread."""
+    fit, dropped, small = _range(proc, start, end, max_chars)
+    if small:
+        text, truncated = fit()
+    else:
+        text, truncated = await trio.to_thread.run_sync(fit, limiter=threads.limiter("render", CPU_THREADS))
+    return text, truncated, dropped
+
+
+def read_range_now(proc: BackgroundProcess, start: int, end: int,
+                   max_chars: int) -> tuple[str, bool, int] | None:
+    """read_range in the event loop, or None if its rendering is large (read_range then does
+    it in a thread)."""
+    fit, dropped, small = _range(proc, start, end, max_chars)
+    return (*fit(), dropped) if small else None
+
+
+def _range(proc: BackgroundProcess, start: int, end: int, max_chars: int):
+    """(the rendering of the range to call, dropped_bytes, whether that is small enough for
+    the event loop), its bytes read now."""
     if start >= end:
-        return "", False, 0
+        return lambda: ("", False), 0, True
     # A character renders from 1 to 4 bytes (and an invalid byte as 4 chars): read enough
     # bytes to know whether the whole range fits, and for the tail if it does not.
     data, nxt, dropped = proc.read(start, min(end - start, 4 * max_chars + 4))
@@ -243,11 +262,8 @@ async def read_range(proc: BackgroundProcess, start: int, end: int, max_chars: i
         tail, tail_next, _ = proc.read(end - want, want)
         tail_pos = tail_next - len(tail)
     fit = partial(fit_range, data, pos, tail, tail_pos, end, max_chars)
-    if len(data) + (len(tail) if tail is not data else 0) <= INLINE_RENDER_BYTES:
-        text, truncated = fit()
-    else:
-        text, truncated = await trio.to_thread.run_sync(fit, limiter=threads.limiter("render", CPU_THREADS))
-    return text, truncated, dropped
+    small = len(data) + (len(tail) if tail is not data else 0) <= INLINE_RENDER_BYTES
+    return fit, dropped, small
 
 
 def fit_range(data: bytes, pos: int, tail: bytes, tail_pos: int, end: int,
@@ -282,6 +298,43 @@ async def listing(table: ProcessTable, p: ProcessListParams) -> ProcessListResul
     procs = table.listed(p.session)
     with contextlib.ExitStack() as stack:
         shims = [stack.enter_context(bg.job.holding_tree()) for bg in procs]
-        infos = await trio.to_thread.run_sync(
-            lambda: [bg.info(shim) for bg, shim in zip(procs, shims)])
-    return ProcessListResult(processes=infos)
+        if not any(shims):
+            return _listed(procs, shims)
+        # Each tree is measured from /proc, a read per process of trees of any size.
+        return await trio.to_thread.run_sync(_listed, procs, shims)
+
+
+def listing_now(table: ProcessTable, p: ProcessListParams) -> ProcessListResult | None:
+    """process.list in the event loop when no listed process has a tree left to measure
+    (all finished: what they show is in memory); else None, and `listing` measures them."""
+    procs = table.listed(p.session)
+    with contextlib.ExitStack() as stack:
+        shims = [stack.enter_context(bg.job.holding_tree()) for bg in procs]
+        return None if any(shims) else _listed(procs, shims)
+
+
+def _listed(procs: list[BackgroundProcess], shims: list[int | None]) -> ProcessListResult:
+    return ProcessListResult(processes=[bg.info(shim) for bg, shim in zip(procs, shims)])
+
+
+def output_now(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutputResult | None:
+    """process.output that waits for nothing (no wait_s, no until), answered in the event
+    loop; None, having changed nothing, when that cannot be (its output renders large, or
+    whether the process waits for input needs a look at its tree): `output` then does it."""
+    if p.wait_s > 0 or p.until is not None:
+        return None
+    waiting = input_wait.waiting_now(proc)
+    if waiting is None:
+        return None
+    start = min(proc.read_mark if p.since is None else p.since, proc.ring.end)
+    end = proc.ring.end
+    rendered = read_range_now(proc, start, end, p.max_output_chars)
+    if rendered is None:
+        return None
+    if p.since is None:
+        proc.read_mark = max(proc.read_mark, end)
+    text, truncated, dropped = rendered
+    return ProcessOutputResult(
+        id=proc.id, status=proc.status, exit_code=proc.job.exit_code,
+        signal=signal_name(proc.job.signal), output=strip_escapes(text) if p.plain else text,
+        next=end, dropped_bytes=dropped, truncated=truncated, waiting_for_input=waiting)
