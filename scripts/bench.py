@@ -162,16 +162,42 @@ def bench_hello() -> None:
     with running_daemon() as (sock, root, _proc):
         with Client(sock) as c:
             median, p90 = stats(timed(c.hello, n, warmup=200))
+            at_once = reads_at_once(c, os.path.join(root, "ws"), n=2000)
         with trio_echo(root) as e:
             e_median, e_p90 = stats(timed(e.hello, n, warmup=200))
     report("hello round trip, median", us(median), anchor=f"trio echo {us(e_median)}",
            ratio=median / e_median, target="< 60 us")
     report("hello round trip, p90", us(p90), anchor=f"trio echo {us(e_p90)}",
            ratio=p90 / e_p90)
+    for name, value in at_once.items():
+        report(f"{name}, median", us(value), anchor=f"hello {us(median)}",
+               ratio=value / median)
     with running_daemon() as (sock, root, _proc):
         flooded = hello_while_flooded(sock, n=2000)
     report("hello while another client pipelines hellos, median", us(flooded),
            anchor=f"unflooded {us(median)}", ratio=flooded / median)
+
+
+def reads_at_once(c, workspace: str, n: int) -> dict[str, float]:
+    """Medians of requests that need no task of their own (dispatch.py's `now`): a read of
+    a process's output that waits for nothing (none new) and a listing of a session's ten
+    finished processes."""
+    os.makedirs(workspace)
+    session = c.session_open(workspace)["session"]
+    try:
+        ids = [c.process_start(session, f"echo {i}")["id"] for i in range(10)]
+        for bg in ids:
+            c.process_output(bg, wait_s=30)
+        c.session_close(session)  # with its sandbox, the processes' trees are gone for sure
+        return {
+            "process.output without wait, nothing new": stats(timed(
+                lambda: c.process_output(ids[0]), n, warmup=100))[0],
+            "process.list of 10 finished processes": stats(timed(
+                lambda: c.process_list(session), n, warmup=100))[0],
+        }
+    finally:
+        if session in {s["session"] for s in c.session_list()["sessions"]}:
+            c.session_close(session)
 
 
 FLOODER = r"""
