@@ -1,6 +1,6 @@
 """Requests that cannot block are answered at once, in the task that read them, without a
-task of their own (dispatch.py: `instant` rows, and `now` for process.output that waits for
-nothing and process.list of finished processes): pipelined behind one another, their answers
+task of their own (dispatch.py: `instant` rows, and `now` for turn.begin, process.output
+that waits for nothing and process.list of finished processes): pipelined behind one another, their answers
 come back in the order asked, and they are the answers a task would have given."""
 
 from __future__ import annotations
@@ -97,3 +97,13 @@ def test_a_listing_of_running_processes_still_measures_them(daemon, client, sess
     [info] = client.process_list(session)["processes"]
     assert info["id"] == bg and info["status"] == "running" and info["rss_bytes"] > 0
     client.process_stop(bg)
+
+
+def test_a_turn_begins_in_the_order_asked(daemon, client, session):
+    replies = pipelined(daemon, frame(1, "turn.begin", session=session), frame(2, "hello"),
+                        frame(3, "turn.begin", session=session))
+    assert [r["id"] for r in replies] == [1, 2, 3]
+    first, second = replies[0]["result"]["turn"], replies[2]["result"]["turn"]
+    assert first != second
+    assert client.turn_end(session, first)["repls_stopped"] == 0
+    assert client.turn_end(session, second)["repls_stopped"] == 0

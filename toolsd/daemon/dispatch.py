@@ -19,8 +19,8 @@ that takes such an id needs nothing but its scope; tests/test_tenants.py tries e
 
 Requests that need no task (connection._answer_now): a row that is `instant` has a plain
 handler that never waits; a row with `now` has, besides its handler, a plain one that answers
-at once when it can (process.list of finished processes, process.output that waits for
-nothing) and otherwise returns LATER, having done nothing, for `handler` to run in a task.
+at once when it can (turn.begin, process.list of finished processes, process.output that
+waits for nothing) and otherwise returns LATER, having done nothing, for `handler` to run in a task.
 """
 
 from __future__ import annotations
@@ -232,9 +232,13 @@ def session_network(sup: Supervisor, p: SessionNetworkParams,
     return sup.session(p.session).net.listing(p.since)  # daemon/egress.py
 
 
-async def turn_begin(session: Session, p: SessionParams, call: Call) -> TurnBeginResult:
+def turn_begin_now(session: Session, p: SessionParams, call: Call) -> TurnBeginResult:
     session.check_open()
     return TurnBeginResult(turn=session.turns.begin())
+
+
+async def turn_begin(session: Session, p: SessionParams, call: Call) -> TurnBeginResult:
+    return turn_begin_now(session, p, call)  # when looking at host_exec needs a thread
 
 
 async def turn_end(session: Session, p: TurnEndParams, call: Call) -> TurnEndResult:
@@ -344,7 +348,8 @@ METHODS: Final[dict[str, Method]] = {
     "session.list": Method(SessionListParams, session_list, instant=True),
     "session.network": Method(SessionNetworkParams, session_network, scope=SESSION,
                               instant=True),
-    "turn.begin": Method(SessionParams, turn_begin, ON_SESSION, scope=SESSION),
+    "turn.begin": Method(SessionParams, turn_begin, ON_SESSION, scope=SESSION,
+                         now=turn_begin_now),
     "turn.end": Method(TurnEndParams, turn_end, ON_SESSION, scope=SESSION),
     "shell.run": Method(ShellRunParams, shell_run, ON_SESSION, scope=SESSION),
     "repl.exec": Method(ReplExecParams, repl_exec, ON_SESSION, detached=repl_exec_detached,
