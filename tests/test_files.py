@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 import test_image_read
+from test_answered_at_once import frame, pipelined
 from conftest import RunningDaemon, needs_bwrap
 from toolsd.client import ToolsdError
 
@@ -342,3 +343,17 @@ def test_unsandboxed_session_still_keeps_file_calls_out_of_the_daemons_folders(d
             client.session_close(session)
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_a_write_cancelled_right_behind_it_writes_nothing(daemon, client):
+    session = client.session_open(daemon.workspace)["session"]
+    try:
+        client.file_stat(session, ".")  # the session's file helper runs
+        replies = pipelined(daemon, frame(1, "file.write", session=session, path="w.txt",
+                                          data=b"x"), frame(2, "cancel", request=1))
+        by_id = {r["id"]: r for r in replies}
+        assert by_id[2].get("result") == {}
+        assert by_id[1]["error"]["code"] == "cancelled"
+        assert not os.path.exists(os.path.join(daemon.workspace, "w.txt"))
+    finally:
+        client.session_close(session)

@@ -46,3 +46,12 @@ async def test_a_taken_slot_is_waited_for_and_given_back_even_on_error(make):
     async with threads.held(slots):  # every slot came back
         pass
 
+
+
+async def test_a_cancelled_caller_takes_no_slot():
+    pool = trio.CapacityLimiter(1)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        async with threads.held(pool):
+            pytest.fail("a cancelled caller got in")
+    assert scope.cancelled_caught and pool.borrowed_tokens == 0

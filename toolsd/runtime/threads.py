@@ -34,7 +34,9 @@ class _Slots(Protocol):
 async def held(slots: _Slots) -> AsyncIterator[None]:
     """`async with slots` (a CapacityLimiter, Semaphore or Lock), without the pass through
     trio's scheduler that its `acquire` makes even when a slot is free: on a short call
-    that pass costs more than the work. It waits only when none is free."""
+    that pass costs more than the work. It waits only when none is free; a caller already
+    cancelled is stopped here all the same, before it takes a slot."""
+    await trio.lowlevel.checkpoint_if_cancelled()
     try:
         slots.acquire_nowait()
     except trio.WouldBlock:
