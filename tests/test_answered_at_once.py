@@ -34,6 +34,14 @@ def pipelined(daemon, *frames: bytes) -> list[dict]:
         return replies
 
 
+def wait_exited(client, bg: str) -> None:
+    """Until `bg` has exited: each read waits for more output or for the exit."""
+    for _ in range(100):
+        if client.process_output(bg, wait_s=30)["status"] != "running":
+            return
+    raise AssertionError(f"{bg} still runs")
+
+
 @pytest.fixture
 def session(daemon, client):
     session = client.session_open(daemon.workspace)["session"]
@@ -44,7 +52,7 @@ def session(daemon, client):
 def test_output_reads_that_wait_for_nothing_answer_in_the_order_asked(daemon, client,
                                                                        session):
     done = client.process_start(session, "echo done")["id"]
-    client.process_output(done, wait_s=30)
+    wait_exited(client, done)
     running = client.process_start(session, "echo up; exec sleep 1000")["id"]
     assert client.process_output(running, wait_s=30, until="up")["output"] == "up\n"
 
@@ -83,7 +91,7 @@ def test_a_read_whose_answer_needs_a_task_still_gets_it(daemon, client, session)
 def test_a_listing_of_finished_processes_answers_in_the_order_asked(daemon, client):
     session = client.session_open(daemon.workspace)["session"]
     bg = client.process_start(session, "echo done")["id"]
-    client.process_output(bg, wait_s=30)
+    wait_exited(client, bg)
     client.session_close(session)  # and with its sandbox every tree in it: none to measure
     replies = pipelined(daemon, frame(1, "process.list"), frame(2, "hello"))
     assert [r["id"] for r in replies] == [1, 2]
