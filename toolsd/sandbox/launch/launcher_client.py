@@ -58,6 +58,7 @@ class Launcher:
     def __init__(self, wrapper: Wrapper, channel: Channel):
         self._wrapper = wrapper
         self._channel = channel
+        self.devnull = channel.devnull  # the channel's; spawn_with_pipe's stdin
         self._tasks: trio.Nursery | None = None  # our reader's, for kills of abandoned jobs
         self.ready = Ready()  # what the launcher said when it started
         # With `listen`: the sockets it made in the sandbox's network namespace, by their
