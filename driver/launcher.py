@@ -578,13 +578,17 @@ def start_command(req, fds, limits, slot, terminal=None):
             raise StartError("no such program: %r is not on PATH=%s; check the name or give a "
                              "full path" % (argv[0], env.get("PATH", os.defpath)))
         limits.apply(req.get("rlimits") or {})
-        # Received fds may already sit on 0..n-1; dup them all above the targets first so no
-        # dup2 overwrites a source still needed, and none is a no-op dup2 that would keep
-        # CLOEXEC.
-        floor = max(10, len(fds))
-        for fd in fds:
-            moved.append(dup_above(fd, floor))
-        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(moved)
+        # A received fd may sit on one of the targets 0..n-1 (seldom: the shim's own 0, 1
+        # and 2 are open): then all are dup'ed above the targets first, so that no dup2
+        # overwrites a source still needed, and none is a no-op dup2 that would keep
+        # CLOEXEC. Else they go to their targets as they are, a dup and a close each spared.
+        sources = fds
+        if any(fd < len(fds) for fd in fds):
+            floor = max(10, len(fds))
+            for fd in fds:
+                moved.append(dup_above(fd, floor))
+            sources = moved
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(sources)
                    if terminal is None or target > 2]
         if terminal is not None:
             # Opened after setsid (glibc runs the file actions after it) and without
