@@ -27,8 +27,10 @@ and every shim write to the control channel without a lock.
     daemon -> launcher:  ping, connect (port.forward: driver/port_connect.py); helper (fds:
                          the helper's socket; see start_helper)
     launcher -> daemon:  ready (fds: pidfd of the launcher), pong, error, connected
-    shim -> daemon:      started (fds: pidfd of the command, pidfd of the shim, hold pipe,
-                         and the terminal's master side for a "tty" request), error, exited ("done": true when nothing of the tree is left), done
+    shim -> daemon:      started (fds: pidfd of the shim, hold pipe, the pidfd of the command
+                         unless the request said "ack": false, and the terminal's master side
+                         for a "tty" request), error, exited ("done": true when nothing of the
+                         tree is left), done
     shim -> launcher:    "took", "idle" or "retire" on its private socketpair; the job it
                          takes in shared memory
     launcher -> standby: "go" + the marshalled list of jobs to drop, on its private socketpair
@@ -730,10 +732,13 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
         return isinstance(e, StartError) and not limits.unknown
     # Should we die, the launcher ends what we started.
     SLOT.pack_into(slot, 0, SPAWNING, job, pid)
-    child_fd = os.pidfd_open(pid)
+    # Without "ack" the daemon does not want the command's pid: it gets no pidfd of it, and we
+    # may reap it at once.
+    acked = not req.get("ack", True)
+    child_fd = None if acked else os.pidfd_open(pid)
     tell(private, b"took")
     send(host, {"op": "started", "job": job, "pid": pid},
-         [child_fd, self_fd, hold_w] + ([] if master is None else [master]))
+         [self_fd, hold_w] + ([] if acked else [child_fd]) + ([] if master is None else [master]))
     os.close(hold_w)
     if master is not None:
         os.close(master)  # the daemon's now: no copy of ours keeps the terminal open
@@ -749,11 +754,10 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
     # as -1. Its exit is reported without waiting for that (WNOWAIT leaves it unreaped).
     exited = None
     released = False
-    poller = select.poll()
-    poller.register(child_fd, select.POLLIN)
-    poller.register(hold_r, select.POLLIN)
-    # Without "ack" the daemon does not want the command's pid: we may reap it at once.
-    acked = not req.get("ack", True)
+    if not acked:
+        poller = select.poll()
+        poller.register(child_fd, select.POLLIN)
+        poller.register(hold_r, select.POLLIN)
     while not acked:
         for fd, _event in poller.poll():
             if fd == hold_r:
@@ -763,7 +767,8 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
                 exited = exit_message(job, os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT))
                 send(host, exited)
                 poller.unregister(child_fd)
-    os.close(child_fd)
+    if child_fd is not None:
+        os.close(child_fd)
     if exited is None:
         # Acked while the command runs (the usual case): reap orphans of its tree as they
         # come, and report the command's exit when it comes.

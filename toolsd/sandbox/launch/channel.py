@@ -57,7 +57,8 @@ class Pong(_Msg, tag="pong"):
 
 
 class Started(_Msg, tag="started"):
-    """The command runs (fds: pidfd of the command, pidfd of its shim, the hold pipe)."""
+    """The command runs (fds: pidfd of its shim, the hold pipe, then the pidfd of the command
+    if the spawn said "ack", and a "tty" spawn's master side)."""
     job: int
     pid: int = 0  # in the sandbox's pid namespace
 
