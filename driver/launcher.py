@@ -6,7 +6,8 @@
 #   framing: to_json, send, pack_fds, fds_of, refuse_truncated, recv_into, recv
 #   process helpers: which, child_map, descendants, reap_nohang, children_left, signal_pid,
 #     kill_everything
-#   limits: StartError, read_self, own_state, state_items, REFERENCE, Tampered, ProcessLimits
+#   limits: StartError, SELF_FILES, keep_self_files, read_self, own_state, state_items,
+#     REFERENCE, Tampered, ProcessLimits
 #   the shim's job: start_command, WARMUP_REQUEST, warm_up, claim, take_job, exit_message,
 #     exit_message_of_status, tell, run_job, wait_release, set_policy
 #   run_shim: a shim's body, job after job
@@ -423,10 +424,28 @@ class StartError(Exception):
 RLIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
+# /proc/self files that a shim reads for each own_state(), twice a job, kept open from its
+# start: a pread at offset 0 gets the kernel's text afresh, without an open and a close each
+# time. Empty in the launcher (see keep_self_files).
+SELF_FILES = {}
+
+
+def keep_self_files(names):
+    """Open /proc/self/NAME for each of `names`, for read_self. In a shim only: opened in the
+    launcher, they would go on naming the launcher in the shims it forks."""
+    for name in names:
+        try:
+            SELF_FILES[name] = os.open("/proc/self/" + name, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass  # read_self opens it each time instead
+
+
 def read_self(name, size=64, pid=0):
     """/proc/self/NAME (of process `pid` when given), at most `size` bytes; None if not
     readable."""
     try:
+        if not pid and name in SELF_FILES:
+            return os.pread(SELF_FILES[name], size, 0)
         fd = os.open("/proc/%s/%s" % (pid or "self", name), os.O_RDONLY | os.O_CLOEXEC)
         try:
             return os.read(fd, size)
@@ -825,6 +844,7 @@ def run_shim(host, spawn, private, lost, slot, standby):
         # Made before a job comes, off the spawn's critical path. The buffer's pages are only
         # touched as far as a request fills them.
         self_fd = os.pidfd_open(os.getpid())
+        keep_self_files(("oom_score_adj", "coredump_filter"))  # what own_state reads
         buf = mmap.mmap(-1, MAX_MSG, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if standby or not readable(spawn):
             warm_up()  # it would only delay a request already there
