@@ -6,7 +6,8 @@
 #   framing: to_json, send, pack_fds, fds_of, refuse_truncated, recv_into, recv
 #   process helpers: which, child_map, descendants, reap_nohang, children_left, signal_pid,
 #     kill_everything
-#   limits: StartError, read_self, own_state, state_items, REFERENCE, Tampered, ProcessLimits
+#   limits: StartError, SELF_FILES, keep_self_files, read_self, own_state, state_items,
+#     REFERENCE, Tampered, ProcessLimits
 #   the shim's job: start_command, WARMUP_REQUEST, warm_up, claim, take_job, exit_message,
 #     exit_message_of_status, tell, run_job, wait_release, set_policy
 #   run_shim: a shim's body, job after job
@@ -27,8 +28,10 @@ and every shim write to the control channel without a lock.
     daemon -> launcher:  ping, connect (port.forward: driver/port_connect.py); helper (fds:
                          the helper's socket; see start_helper)
     launcher -> daemon:  ready (fds: pidfd of the launcher), pong, error, connected
-    shim -> daemon:      started (fds: pidfd of the command, pidfd of the shim, hold pipe,
-                         and the terminal's master side for a "tty" request), error, exited ("done": true when nothing of the tree is left), done
+    shim -> daemon:      started (fds: pidfd of the shim, hold pipe, the pidfd of the command
+                         unless the request said "ack": false, and the terminal's master side
+                         for a "tty" request), error, exited ("done": true when nothing of the
+                         tree is left), done
     shim -> launcher:    "took", "idle" or "retire" on its private socketpair; the job it
                          takes in shared memory
     launcher -> standby: "go" + the marshalled list of jobs to drop, on its private socketpair
@@ -421,10 +424,28 @@ class StartError(Exception):
 RLIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
+# /proc/self files that a shim reads for each own_state(), twice a job, kept open from its
+# start: a pread at offset 0 gets the kernel's text afresh, without an open and a close each
+# time. Empty in the launcher (see keep_self_files).
+SELF_FILES = {}
+
+
+def keep_self_files(names):
+    """Open /proc/self/NAME for each of `names`, for read_self. In a shim only: opened in the
+    launcher, they would go on naming the launcher in the shims it forks."""
+    for name in names:
+        try:
+            SELF_FILES[name] = os.open("/proc/self/" + name, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass  # read_self opens it each time instead
+
+
 def read_self(name, size=64, pid=0):
     """/proc/self/NAME (of process `pid` when given), at most `size` bytes; None if not
     readable."""
     try:
+        if not pid and name in SELF_FILES:
+            return os.pread(SELF_FILES[name], size, 0)
         fd = os.open("/proc/%s/%s" % (pid or "self", name), os.O_RDONLY | os.O_CLOEXEC)
         try:
             return os.read(fd, size)
@@ -578,13 +599,17 @@ def start_command(req, fds, limits, slot, terminal=None):
             raise StartError("no such program: %r is not on PATH=%s; check the name or give a "
                              "full path" % (argv[0], env.get("PATH", os.defpath)))
         limits.apply(req.get("rlimits") or {})
-        # Received fds may already sit on 0..n-1; dup them all above the targets first so no
-        # dup2 overwrites a source still needed, and none is a no-op dup2 that would keep
-        # CLOEXEC.
-        floor = max(10, len(fds))
-        for fd in fds:
-            moved.append(dup_above(fd, floor))
-        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(moved)
+        # A received fd may sit on one of the targets 0..n-1 (seldom: the shim's own 0, 1
+        # and 2 are open): then all are dup'ed above the targets first, so that no dup2
+        # overwrites a source still needed, and none is a no-op dup2 that would keep
+        # CLOEXEC. Else they go to their targets as they are, a dup and a close each spared.
+        sources = fds
+        if any(fd < len(fds) for fd in fds):
+            floor = max(10, len(fds))
+            for fd in fds:
+                moved.append(dup_above(fd, floor))
+            sources = moved
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(sources)
                    if terminal is None or target > 2]
         if terminal is not None:
             # Opened after setsid (glibc runs the file actions after it) and without
@@ -726,10 +751,13 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
         return isinstance(e, StartError) and not limits.unknown
     # Should we die, the launcher ends what we started.
     SLOT.pack_into(slot, 0, SPAWNING, job, pid)
-    child_fd = os.pidfd_open(pid)
+    # Without "ack" the daemon does not want the command's pid: it gets no pidfd of it, and we
+    # may reap it at once.
+    acked = not req.get("ack", True)
+    child_fd = None if acked else os.pidfd_open(pid)
     tell(private, b"took")
     send(host, {"op": "started", "job": job, "pid": pid},
-         [child_fd, self_fd, hold_w] + ([] if master is None else [master]))
+         [self_fd, hold_w] + ([] if acked else [child_fd]) + ([] if master is None else [master]))
     os.close(hold_w)
     if master is not None:
         os.close(master)  # the daemon's now: no copy of ours keeps the terminal open
@@ -745,11 +773,10 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
     # as -1. Its exit is reported without waiting for that (WNOWAIT leaves it unreaped).
     exited = None
     released = False
-    poller = select.poll()
-    poller.register(child_fd, select.POLLIN)
-    poller.register(hold_r, select.POLLIN)
-    # Without "ack" the daemon does not want the command's pid: we may reap it at once.
-    acked = not req.get("ack", True)
+    if not acked:
+        poller = select.poll()
+        poller.register(child_fd, select.POLLIN)
+        poller.register(hold_r, select.POLLIN)
     while not acked:
         for fd, _event in poller.poll():
             if fd == hold_r:
@@ -759,7 +786,8 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
                 exited = exit_message(job, os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT))
                 send(host, exited)
                 poller.unregister(child_fd)
-    os.close(child_fd)
+    if child_fd is not None:
+        os.close(child_fd)
     if exited is None:
         # Acked while the command runs (the usual case): reap orphans of its tree as they
         # come, and report the command's exit when it comes.
@@ -816,6 +844,7 @@ def run_shim(host, spawn, private, lost, slot, standby):
         # Made before a job comes, off the spawn's critical path. The buffer's pages are only
         # touched as far as a request fills them.
         self_fd = os.pidfd_open(os.getpid())
+        keep_self_files(("oom_score_adj", "coredump_filter"))  # what own_state reads
         buf = mmap.mmap(-1, MAX_MSG, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if standby or not readable(spawn):
             warm_up()  # it would only delay a request already there

@@ -368,6 +368,7 @@ SECTIONS = {
     "processes": section("bench_processes", "bench_processes"),
     "waiting": section("bench_waiting", "bench_waiting"),
     "launcher": section("bench_launcher", "bench_launcher"),
+    "calls": section("bench_calls", "bench_calls"),
     "image": section("bench_image", "bench_image"),
     "load": section("bench_load", "bench_load", "sessions", "clients"),
     "home": section("bench_home", "bench_home"),

@@ -161,6 +161,14 @@ class Sandbox:
             return "sh", ready.sh
         raise SandboxError(Fault.UNAVAILABLE, "the sandbox has neither bash nor sh on its PATH")
 
+    @property
+    def devnull(self) -> int:
+        """A read-only /dev/null to give a command as its stdin (the launcher's)."""
+        if self.launcher is None:
+            raise SandboxError(Fault.CLOSED, "the session is closed or its sandbox died; "
+                               "open a new session")
+        return self.launcher.devnull
+
     async def spawn(self, request: SpawnRequest, *, what: str | None = None,
                     fault: Fault = Fault.REFUSED) -> Job:
         """Start `request` (the fds stay the caller's) and return its Job: the one way every

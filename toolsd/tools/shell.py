@@ -116,18 +116,21 @@ async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParam
 
             async def read_all():
                 try:
+                    if cwd_fd is None:  # the usual case: no nursery of its own to pass through
+                        await pump(read_fd, sink, live and live.room)
+                        return
                     async with trio.open_nursery() as readers:
                         readers.start_soon(pump, read_fd, sink, live and live.room)
-                        if cwd_fd is not None:
-                            readers.start_soon(pump, cwd_fd, _bounded(cwd_report))
+                        readers.start_soon(pump, cwd_fd, _bounded(cwd_report))
                 finally:
                     reader_done.set()
 
             nursery.start_soon(read_all)
-            with trio.move_on_after(p.timeout_s) as deadline:
-                await job.exited.wait()
-            if deadline.cancelled_caught:
-                timed_out = True
+            if not job.exited.is_set():  # it often is: `started` and `exited` read together
+                with trio.move_on_after(p.timeout_s) as deadline:
+                    await job.exited.wait()
+                timed_out = deadline.cancelled_caught
+            if timed_out:
                 orphans = max(0, (await end_tree(job, KILL_GRACE_S))[0] - 1)
             else:
                 # The shim reports `done` as soon as nothing of the tree is left: the usual

@@ -57,7 +57,8 @@ class Pong(_Msg, tag="pong"):
 
 
 class Started(_Msg, tag="started"):
-    """The command runs (fds: pidfd of the command, pidfd of its shim, the hold pipe)."""
+    """The command runs (fds: pidfd of its shim, the hold pipe, then the pidfd of the command
+    if the spawn said "ack", and a "tty" spawn's master side)."""
     job: int
     pid: int = 0  # in the sandbox's pid namespace
 
@@ -140,7 +141,8 @@ def close_all(fds) -> None:
 class Channel:
     """Resource handling: owns both sockets of the channel (the control one, which the
     launcher and every shim write to us on, and the spawn one, read by the launcher's spare
-    shim only); `close()` closes them, which the launcher takes as its cue to end."""
+    shim only), and `devnull`; `close()` closes them, which the launcher takes as its cue to
+    end."""
 
     def __init__(self, ours: socket.socket, spawn_ours: socket.socket):
         # trio's sockets for closing (they tell trio's waiters); the same sockets, now
@@ -151,6 +153,10 @@ class Channel:
         self._send_lock = trio.Lock()
         self._spawn_lock = trio.Lock()
         self._streak = 0  # messages read in a row without waiting (see recv)
+        # /dev/null, read-only, that spawns send as a command's stdin: one open file passed
+        # along by all, instead of an open and a close on each spawn's way. Nothing a
+        # command does to its copy changes what another reads from it.
+        self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     async def recv(self) -> tuple[FromLauncher | object | None, list[int]]:
         """The next message and the fds that came with it (the caller's to close); None at
@@ -214,9 +220,12 @@ class Channel:
             lock.release()
 
     def close(self) -> None:
-        """Close both sockets (the spawn one first); idempotent."""
+        """Close both sockets (the spawn one first) and devnull; idempotent."""
         self._spawn_sock.close()
         self._sock.close()
+        fd, self.devnull = self.devnull, -1
+        if fd != -1:
+            os.close(fd)
 
 
 def listeners_of(msg: Listening, fds: list[int]) -> dict[str, socket.socket]:

@@ -58,6 +58,7 @@ class Launcher:
     def __init__(self, wrapper: Wrapper, channel: Channel):
         self._wrapper = wrapper
         self._channel = channel
+        self.devnull = channel.devnull  # the channel's; spawn_with_pipe's stdin
         self._tasks: trio.Nursery | None = None  # our reader's, for kills of abandoned jobs
         self.ready = Ready()  # what the launcher said when it started
         # With `listen`: the sockets it made in the sandbox's network namespace, by their
@@ -203,17 +204,19 @@ class Launcher:
             return  # e.g. the launcher's second word on a shim that already reported
         spawning = job.state is JobState.SPAWNING
         match msg:
-            case Started() if spawning and len(fds) >= 3:
-                # Closing the hold pipe (see Job) frees the shim for other jobs.
-                job.started(host_pid_of(fds[1]), fds.pop(2),
-                            host_pid_of(fds[0]) if job.want_pid else -1)
-                if len(fds) > 2 and not job.abandoned:
-                    job.terminal_fd = fds.pop(2)  # a "tty" spawn's master side
-                if job.abandoned:
+            case Started() if spawning and len(fds) >= 2 + job.want_pid:
+                # fds: the shim's pidfd; the hold pipe, whose closing (see Job) frees the
+                # shim for other jobs; the command's pidfd if its pid is wanted; a tty's master.
+                job.started(host_pid_of(fds[0]), fds.pop(1),
+                            host_pid_of(fds[1]) if job.want_pid else -1)
+                if len(fds) > 1 + job.want_pid and not job.abandoned:
+                    job.terminal_fd = fds.pop(1 + job.want_pid)  # a "tty" spawn's master side
+                if job.abandoned and job.want_pid:
                     try:
-                        signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+                        signal.pidfd_send_signal(fds[1], signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+                if job.abandoned:
                     # And whatever it started meanwhile: nobody will ever ask for it.
                     self._tasks.start_soon(self._end_abandoned, job)
             case Failed() if spawning:

@@ -63,7 +63,10 @@ def open_devnull() -> int:
 
 class Spawner(Protocol):
     """What runs a SpawnRequest: a session's Sandbox (its errors are SandboxErrors), or a
-    bare Launcher, as the launcher's own tests use (LauncherErrors)."""
+    bare Launcher, as the launcher's own tests use (LauncherErrors). `devnull`: a read-only
+    /dev/null of the spawner's, to pass as a command's stdin (it stays the spawner's)."""
+
+    devnull: int
 
     async def spawn(self, request: SpawnRequest) -> Job: ...
 
@@ -73,17 +76,18 @@ async def spawn_with_pipe(spawner: Spawner, argv: list[str], *, cwd: str,
                           held: bool = False, stdin: int | None = None,
                           tty: tuple[int, int] | None = None,
                           rlimits: Mapping[str, tuple[int, int]] | None = None):
-    """Spawn `argv` with stdin /dev/null (or the fd `stdin`, which stays the caller's) and
-    stdout+stderr one pipe. Returns (job, read_fd); the caller owns read_fd. With `tty`
-    (cols, rows) fds 0-2 are a new terminal instead, and read_fd is its master side, which
-    the process's input is written to as well. `rlimits` None: the spawner's own."""
+    """Spawn `argv` with stdin /dev/null (the spawner's), or the fd `stdin` (which stays the
+    caller's), and stdout+stderr one pipe. Returns (job, read_fd); the caller owns read_fd.
+    With `tty` (cols, rows) fds 0-2 are a new terminal instead, and read_fd is its master
+    side, which the process's input is written to as well. `rlimits` None: the spawner's
+    own."""
     if tty is not None:
         return await spawn_with_terminal(spawner, argv, cwd=cwd, env=env, tty=tty,
                                          extra_fds=extra_fds, want_pid=want_pid, held=held)
     with ChildFds() as fds:  # also cancelled: the client went away mid-spawn
         read_fd, write_fd = fds.pipe()
         if stdin is None:
-            stdin = fds.child(open_devnull())
+            stdin = spawner.devnull
         job = await spawner.spawn(SpawnRequest(
             argv, cwd, env, stdin=stdin, stdout=write_fd, stderr=write_fd,
             extra_fds=tuple(extra_fds), want_pid=want_pid, held=held, rlimits=rlimits))
@@ -94,11 +98,10 @@ async def spawn_with_terminal(spawner: Spawner, argv: list[str], *, cwd: str,
                               env: Mapping[str, str], tty: tuple[int, int], extra_fds=(),
                               want_pid: bool = True, held: bool = False):
     """spawn_with_pipe's `tty` case: (job, the terminal's master side, the caller's)."""
-    with ChildFds() as fds:
-        devnull = fds.child(open_devnull())
-        job = await spawner.spawn(SpawnRequest(
-            argv, cwd, env, stdin=devnull, stdout=devnull, stderr=devnull,
-            extra_fds=tuple(extra_fds), want_pid=want_pid, held=held, tty=tty))
+    devnull = spawner.devnull
+    job = await spawner.spawn(SpawnRequest(
+        argv, cwd, env, stdin=devnull, stdout=devnull, stderr=devnull,
+        extra_fds=tuple(extra_fds), want_pid=want_pid, held=held, tty=tty))
     master, job.terminal_fd = job.terminal_fd, -1
     if master == -1:  # the launcher never sends a `started` without it for a tty request
         raise SandboxError(Fault.REFUSED, f"could not start {argv[0]} on a terminal: the "
