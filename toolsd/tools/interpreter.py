@@ -323,6 +323,8 @@ class Interpreter:
             waiter, self.waiter = self.waiter, None
             if waiter is not None:
                 waiter.sentinel_came(sentinel.ok)
+            if not self.scanner.holding:
+                return  # the usual case: nothing came after the sentinel
             data = b""
 
     async def _watch(self) -> None:
