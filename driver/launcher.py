@@ -790,10 +790,17 @@ def run_job(host, private, slot, req, fds, self_fd, hold_r, hold_w, limits):
         os.close(child_fd)
     if exited is None:
         # Acked while the command runs (the usual case): reap orphans of its tree as they
-        # come, and report the command's exit when it comes.
+        # come, and report the command's exit when it comes. With "resume" (a REPL's
+        # interpreter, which must be running whenever a request reaches it), a stop of the
+        # command is undone as soon as we hear of it, so the daemon need not send SIGCONT
+        # before each request.
+        flags = os.WUNTRACED if req.get("resume") else 0
         while True:
-            done_pid, status = os.waitpid(-1, 0)
+            done_pid, status = os.waitpid(-1, flags)
             if done_pid == pid:
+                if os.WIFSTOPPED(status):
+                    signal_pid(pid, SIGCONT)
+                    continue
                 break
         exited = exit_message_of_status(job, status)
         if not children_left():

@@ -793,6 +793,14 @@ async def test_a_shim_stopped_before_it_reports_the_start_is_resumed_and_reports
         assert_gone(pids)
 
 
+async def test_a_command_spawned_with_resume_stopped_goes_on_when_it_stops(launcher):
+    # A REPL's interpreter is spawned so: its shim, which waits on it anyway, resumes it
+    # when it stops, so that no request ever reaches it stopped.
+    argv = ["sh", "-c", "kill -STOP $$; echo went on"]
+    with trio.fail_after(20):  # a bound, not a speed: without the resume it waits for ever
+        assert await run(launcher, argv, resume_stopped=True) == (b"went on\n", (0, None))
+
+
 async def test_a_command_that_changes_its_shim_once_it_runs_is_not_killed_for_it(
         nursery, wrapper, tmp_path):
     # A command may change its own shim (here its OOM score) as soon as it runs, and on a busy

@@ -320,6 +320,15 @@ def test_interpreter_death_is_a_crash_and_the_next_call_is_fresh(client, session
     assert (after["status"], after["output"], after["fresh"]) == ("ok", "False\n", True)
 
 
+def test_code_that_stops_its_interpreter_goes_on(client, session, turn):
+    # The interpreter's shim resumes it: the call answers, its state kept, rather than
+    # waiting stopped until its timeout.
+    r = client.repl_exec(session, turn, "import os, signal\nx = 41\n"
+                         "os.kill(os.getpid(), signal.SIGSTOP)\nprint('went on', x + 1)",
+                         timeout_s=STUCK_S)
+    assert (r["status"], r["output"], r["state_lost"]) == ("ok", "went on 42\n", False), r
+
+
 def test_input_gets_end_of_file_at_once(client, session, turn):
     r = client.repl_exec(session, turn, "input('name? ')", timeout_s=20)
     assert r["status"] == "error"

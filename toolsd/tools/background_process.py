@@ -241,6 +241,7 @@ class BackgroundProcess:
         `until` is matched against output still in memory (the last RING_BYTES), a bounded
         piece at a time (see UntilScan), off the event loop when a piece is costly."""
         scan = UntilScan(start)
+        steps = 0  # windows searched since the last wait
         while True:
             if until is None:
                 if self.ring.end > start:
@@ -248,11 +249,18 @@ class BackgroundProcess:
             else:
                 window = scan.next_window(self.ring)
                 if window is not None:
+                    if steps:
+                        # Many cheap steps in a row still take turns. Not before the first
+                        # one: a match in the output that woke us is answered in this pass
+                        # of the scheduler, not the next.
+                        await trio.lowlevel.checkpoint()
+                    steps += 1
                     if await _search(until, *window):
                         return
                     continue
             if self.finished.is_set():
                 return
+            steps = 0
             await self._changed.wait()
 
     # ------------------------------------------------------------ stopping
@@ -351,9 +359,7 @@ def remove_log(log_file: CappedLog, owner: str) -> None:
 
 async def _search(until: UntilPattern, data: bytes, context: str) -> bool:
     if until.work(len(data)) <= INLINE_SEARCH_WORK:
-        found = until.search(data, context)
-        await trio.lowlevel.checkpoint()  # many cheap steps in a row still take turns
-        return found
+        return until.search(data, context)
     # Abandoned at the caller's deadline: the thread finishes its bounded step on its own,
     # on its private copy of the output.
     return await trio.to_thread.run_sync(until.search, data, context, abandon_on_cancel=True,

@@ -132,8 +132,12 @@ class Interpreter:
         with ChildFds() as fds:  # the interpreter holds the only copies: EPIPE at its exit
             cmd_r, cmd_w = fds.pipe_in()
             intr_r, intr_w = fds.pipe_in(os.O_NONBLOCK)
+            # Its shim resumes it whenever it stops (the session's code may stop it: `kill
+            # -STOP -1`), so that a request never reaches it stopped, to time out and be
+            # killed, losing its state.
             job, read_fd = await spawn_with_pipe(session.sandbox, argv, cwd=session.workspace,
-                                                 env=session.env, extra_fds=[cmd_r, intr_r])
+                                                 env=session.env, extra_fds=[cmd_r, intr_r],
+                                                 resume_stopped=True)
         self = cls(job, cmd_w, intr_w, idle_sink)
         # Whether the session met its memory limit while this interpreter lived.
         self.out_of_memory = functools.partial(session.memory_limit_hit, oom_kills)
@@ -193,7 +197,6 @@ class Interpreter:
         the pump while the sink cannot take more."""
         self.sentinel = None
         self._wake = trio.Event()
-        self._signal(signal.SIGCONT)
         self._send_move(Sending.NONE)
         self._unsent = line
         self._next_sink = sink
@@ -267,9 +270,9 @@ class Interpreter:
         self._signal(WAKE_SIGNAL)
 
     def _signal(self, sig: int) -> None:
-        """Signal the interpreter while it runs. SIGCONT before each request and interrupt:
-        the session's own code may have stopped it (`kill -STOP -1`), and a stopped
-        interpreter would time out and be killed, losing its state."""
+        """Signal the interpreter while it runs. SIGCONT with an interrupt: its shim resumes
+        it when it stops (see start), but a shim stopped too hears of it only once the
+        launcher has resumed the shim; an interrupt is rare enough to make sure."""
         if self.job.pid > 0 and not self.job.has_exited:
             try:
                 os.kill(self.job.pid, sig)
@@ -320,6 +323,8 @@ class Interpreter:
             waiter, self.waiter = self.waiter, None
             if waiter is not None:
                 waiter.sentinel_came(sentinel.ok)
+            if not self.scanner.holding:
+                return  # the usual case: nothing came after the sentinel
             data = b""
 
     async def _watch(self) -> None:

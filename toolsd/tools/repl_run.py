@@ -86,7 +86,8 @@ class Run:
 
     def result(self, status: str, state_lost: bool = False, notice: str = "",
                processes_ended: int = 0) -> ReplExecResult:
-        output, truncated = _render(self.out, notice)
+        # The output within max_output_chars, the notice line (if any, and if it fits) last.
+        output, truncated = self.out.result_with(notice)
         if state_lost:
             self.interp.loss_told = True
         state_lost = state_lost or self.lost_before
@@ -196,7 +197,3 @@ def _images(sentinel: Sentinel | None) -> list[ReplImage]:
     except msgspec.ValidationError:
         return []
 
-
-def _render(out: HeadTail, notice: str) -> tuple[str, bool]:
-    """The output within max_output_chars, the notice line (if any, and if it fits) last."""
-    return out.result_with(notice)

@@ -112,6 +112,11 @@ class SentinelScanner:
             out.append(buf[i:end])  # a seq never sent: forged, so it is output
             pos = end
 
+    @property
+    def holding(self) -> bool:
+        """Bytes are held back: `feed(b"")` may release some (or find a sentinel)."""
+        return bool(self._pending)
+
     def flush(self) -> bytes:
         """On end of stream: everything still held back, as output."""
         rest, self._pending = self._pending, b""

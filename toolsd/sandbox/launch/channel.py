@@ -111,14 +111,16 @@ def decode(data: bytes) -> FromLauncher | object:
 
 def spawn_message(job: int, argv: list[str], cwd: str, env: Mapping[str, str],
                   rlimits: Mapping[str, tuple[int, int]] | None, ack: bool,
-                  tty: tuple[int, int] | None = None) -> dict:
+                  tty: tuple[int, int] | None = None, resume: bool = False) -> dict:
     """A spawn request (fds: the command's stdin, stdout, stderr, then its extra fds). Rlimit
     pairs go as lists: the launcher compares them with the lists it applied last. With `tty`
     (cols, rows) the command's fds 0-2 are a new terminal instead; `started` then brings its
-    master side as a fourth fd."""
+    master side as a fourth fd. With `resume` the shim resumes the command whenever it
+    stops."""
     return {"op": "spawn", "job": job, "argv": argv, "cwd": cwd, "env": dict(env),
             "rlimits": {name: list(pair) for name, pair in (rlimits or {}).items()},
-            "ack": ack, **({"tty": list(tty)} if tty else {})}
+            "ack": ack, **({"tty": list(tty)} if tty else {}),
+            **({"resume": True} if resume else {})}
 
 
 def ping_message(n: int) -> dict:

@@ -288,21 +288,22 @@ class Launcher:
         fds = [r.stdin, r.stdout, r.stderr, *r.extra_fds]
         tries = 1
         while (job := await self._spawn_once(r.argv, r.cwd, r.env, fds, r.rlimits,
-                                             r.want_pid, r.held, r.tty,
+                                             r.want_pid, r.held, r.tty, r.resume_stopped,
                                              last_try=tries == SPAWN_TRIES)) is None:
             tries += 1
         return job
 
     async def _spawn_once(self, argv: list[str], cwd: str, env: dict[str, str],
                           fds: list[int], rlimits: dict[str, tuple[int, int]] | None,
-                          want_pid: bool, held: bool, tty: tuple[int, int] | None, *,
-                          last_try: bool) -> Job | None:
+                          want_pid: bool, held: bool, tty: tuple[int, int] | None,
+                          resume: bool, *, last_try: bool) -> Job | None:
         """One spawn request; None if the sandbox's code killed the shim that took it before
         it ran the command (and this is not the `last_try`): it may be sent again."""
         self._check_alive()
         job = Job(next(self._numbers), [str(a) for a in argv], want_pid, held)
         self._jobs[job.job] = job
-        msg = spawn_message(job.job, job.argv, cwd, env, rlimits, ack=want_pid, tty=tty)
+        msg = spawn_message(job.job, job.argv, cwd, env, rlimits, ack=want_pid, tty=tty,
+                            resume=resume)
         try:
             await self._send(msg, fds, spawn=True)
         except BaseException:

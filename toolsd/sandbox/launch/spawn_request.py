@@ -15,7 +15,8 @@ class SpawnRequest:
     stderr and then extra_fds as its fds 0, 1, 2, 3, ... (the fds stay the caller's).
     `want_pid=False` leaves job.pid -1 (one wakeup less on the spawn's path); `held` keeps
     the shim the job's until job.let_go(); `tty` (cols, rows) makes fds 0-2 a new terminal
-    instead. `rlimits` None: the sandbox's own."""
+    instead. `rlimits` None: the sandbox's own. `resume_stopped`: the shim resumes the command
+    (not the rest of its tree) whenever it stops, as a REPL's interpreter needs."""
     argv: Sequence[str]
     cwd: str
     env: Mapping[str, str]
@@ -27,3 +28,4 @@ class SpawnRequest:
     held: bool = False
     tty: tuple[int, int] | None = None
     rlimits: Mapping[str, tuple[int, int]] | None = None
+    resume_stopped: bool = False

@@ -75,12 +75,13 @@ async def spawn_with_pipe(spawner: Spawner, argv: list[str], *, cwd: str,
                           env: Mapping[str, str], extra_fds=(), want_pid: bool = True,
                           held: bool = False, stdin: int | None = None,
                           tty: tuple[int, int] | None = None,
-                          rlimits: Mapping[str, tuple[int, int]] | None = None):
+                          rlimits: Mapping[str, tuple[int, int]] | None = None,
+                          resume_stopped: bool = False):
     """Spawn `argv` with stdin /dev/null (the spawner's), or the fd `stdin` (which stays the
     caller's), and stdout+stderr one pipe. Returns (job, read_fd); the caller owns read_fd.
     With `tty` (cols, rows) fds 0-2 are a new terminal instead, and read_fd is its master
     side, which the process's input is written to as well. `rlimits` None: the spawner's
-    own."""
+    own; `resume_stopped` as SpawnRequest's."""
     if tty is not None:
         return await spawn_with_terminal(spawner, argv, cwd=cwd, env=env, tty=tty,
                                          extra_fds=extra_fds, want_pid=want_pid, held=held)
@@ -90,7 +91,8 @@ async def spawn_with_pipe(spawner: Spawner, argv: list[str], *, cwd: str,
             stdin = spawner.devnull
         job = await spawner.spawn(SpawnRequest(
             argv, cwd, env, stdin=stdin, stdout=write_fd, stderr=write_fd,
-            extra_fds=tuple(extra_fds), want_pid=want_pid, held=held, rlimits=rlimits))
+            extra_fds=tuple(extra_fds), want_pid=want_pid, held=held, rlimits=rlimits,
+            resume_stopped=resume_stopped))
     return job, read_fd
 
 
