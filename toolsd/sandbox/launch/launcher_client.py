@@ -285,25 +285,20 @@ class Launcher:
         r = request
         if not r.argv:
             raise LauncherError("empty command: give at least the program to run")
-        fds = [r.stdin, r.stdout, r.stderr, *r.extra_fds]
         tries = 1
-        while (job := await self._spawn_once(r.argv, r.cwd, r.env, fds, r.rlimits,
-                                             r.want_pid, r.held, r.tty, r.resume_stopped,
-                                             last_try=tries == SPAWN_TRIES)) is None:
+        while (job := await self._spawn_once(r, last_try=tries == SPAWN_TRIES)) is None:
             tries += 1
         return job
 
-    async def _spawn_once(self, argv: list[str], cwd: str, env: dict[str, str],
-                          fds: list[int], rlimits: dict[str, tuple[int, int]] | None,
-                          want_pid: bool, held: bool, tty: tuple[int, int] | None,
-                          resume: bool, *, last_try: bool) -> Job | None:
+    async def _spawn_once(self, r: SpawnRequest, *, last_try: bool) -> Job | None:
         """One spawn request; None if the sandbox's code killed the shim that took it before
         it ran the command (and this is not the `last_try`): it may be sent again."""
         self._check_alive()
-        job = Job(next(self._numbers), [str(a) for a in argv], want_pid, held)
+        job = Job(next(self._numbers), [str(a) for a in r.argv], r.want_pid, r.held)
         self._jobs[job.job] = job
-        msg = spawn_message(job.job, job.argv, cwd, env, rlimits, ack=want_pid, tty=tty,
-                            resume=resume)
+        msg = spawn_message(job.job, job.argv, r.cwd, r.env, r.rlimits, ack=r.want_pid,
+                            tty=r.tty, resume=r.resume_stopped)
+        fds = [r.stdin, r.stdout, r.stderr, *r.extra_fds]
         try:
             await self._send(msg, fds, spawn=True)
         except BaseException:
