@@ -15,6 +15,7 @@ import psutil
 import pytest
 from PIL import Image
 
+from _crafted_images import jpeg_read_two_ways
 from conftest import RunningDaemon, needs_bwrap, short_tempdir
 from toolsd.client import ToolsdError
 
@@ -203,6 +204,16 @@ def test_decompression_bomb_is_refused_with_memory_flat(daemon, workspace, clien
     assert e.code == "image_too_large"
     assert "12000x12000" in e.message
     assert peak_rss(daemon.proc.pid) - before < 64 * 1024 * 1024
+
+
+def test_a_jpeg_of_a_thousand_empty_scans_is_refused(workspace, client, session):
+    # 10 KB a session can write: libjpeg would pass over 64 Mpx a thousand times, seconds of a
+    # decode slot (and, once vouched for as 1x1, of the event loop every session shares).
+    path = write(workspace, "scans.jpg", jpeg_read_two_ways(8192, 8192, scans=1000))
+    e = error_of(lambda: client.image_read(session, path))
+    assert e.code == "image_too_large"
+    assert "1001 scans" in e.message and "PNG" in e.message
+    assert client.shell_run(session, "echo still here")["output"] == "still here\n"
 
 
 # ------------------------------------------------------------------ what the session sees

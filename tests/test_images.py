@@ -8,7 +8,9 @@ import pytest
 from PIL import Image, ImageDraw, PngImagePlugin
 
 from toolsd.tools.images import MIN_MAX_BYTES, ImageTooLarge, NotAnImage, fit_image
-from toolsd.tools.images.sniff import SMALL_PIXELS, kept_as_is
+from toolsd.tools.images.sniff import SMALL_BYTES, SMALL_PIXELS, kept_as_is
+
+from _crafted_images import jpeg_of_many_scans, jpeg_read_two_ways, png_of_many_chunks
 
 
 def encode(im: Image.Image, fmt: str, **options) -> bytes:
@@ -392,3 +394,41 @@ def test_kept_as_is_asks_the_picture_to_fit_the_callers_budget():
     assert not kept_as_is(data, 63, len(data))
     assert not kept_as_is(data, 64, len(data) - 1)
     assert SMALL_PIXELS >= 64 * 48
+
+
+# ------------------------------------------------------------------ files that cost more than their size
+
+
+def test_a_jpeg_read_two_ways_is_not_vouched_for():
+    # 10 KB that Pillow reads as 8192x8192 progressive: kept_as_is once read it as 1x1, and
+    # image.read then decoded 1000 scans of it in the event loop, every session waiting.
+    data = jpeg_read_two_ways(8192, 8192, scans=1000)
+    assert Image.open(io.BytesIO(data)).size == (8192, 8192)
+    assert not kept_as_is(data, 1568, 3_750_000)
+
+
+def test_a_small_jpeg_of_many_scans_is_not_vouched_for():
+    data = jpeg_of_many_scans(1000)
+    assert Image.open(io.BytesIO(data)).size == (128, 128)
+    assert not kept_as_is(data, 1568, 3_750_000)
+    assert kept_as_is(jpeg_of_many_scans(1), 1568, 3_750_000)  # its three scans: fine
+
+
+def test_a_png_of_many_chunks_is_not_vouched_for():
+    data = png_of_many_chunks(10_000)
+    assert Image.open(io.BytesIO(data)).size == (1, 1)
+    assert not kept_as_is(data, 1568, 3_750_000)
+    assert kept_as_is(png_of_many_chunks(10), 1568, 3_750_000)
+
+
+def test_what_is_vouched_for_is_small_in_bytes_too():
+    big = encode(Image.new("L", (16, 16)), "PNG") + b"\0" * SMALL_BYTES
+    assert Image.open(io.BytesIO(big)).size == (16, 16)
+    assert not kept_as_is(big, 1568, 16_000_000)
+
+
+def test_a_jpeg_of_a_thousand_scans_is_refused_before_its_pixels():
+    with pytest.raises(ImageTooLarge, match="1001 scans, over the limit of 100"):
+        fit_image(jpeg_read_two_ways(8192, 8192, scans=1000))
+    with pytest.raises(ImageTooLarge, match="scans"):
+        fit_image(jpeg_of_many_scans(1000))

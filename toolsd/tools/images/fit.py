@@ -10,7 +10,8 @@ Exceptions::
 
     Exception
      +-- NotAnImage      the bytes are not a decodable image of an accepted format
-     +-- ImageTooLarge   the declared size is over the pixel limit (decompression bomb)
+     +-- ImageTooLarge   the declared size is over the pixel limit (decompression bomb), or
+                         a JPEG has more scans than MAX_JPEG_SCANS
 
 The I/O part, image.read, is read.py's.
 """
@@ -24,6 +25,12 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps
 
 __all__ = ["Fitted", "ImageTooLarge", "NotAnImage", "fit_image", "MIN_MAX_BYTES"]
+
+
+# Scans of a JPEG we decode: libjpeg passes over every block of the picture once a scan, so
+# a few bytes a scan buy seconds of decode. Progressive encoders write about ten; a count
+# also takes in an EXIF thumbnail's.
+MAX_JPEG_SCANS = 100
 
 
 class NotAnImage(Exception):
@@ -195,6 +202,10 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
         raise ImageTooLarge("the image header asks for more memory than there is") from None
     except Exception as exc:
         raise NotAnImage(f"the image header is damaged ({exc})") from None
+    if im.format in ("JPEG", "MPO") and (scans := data.count(b"\xff\xda")) > MAX_JPEG_SCANS:
+        raise ImageTooLarge(
+            f"the JPEG has {scans} scans, over the limit of {MAX_JPEG_SCANS} (each decodes "
+            f"the whole picture again); save it again as a plain JPEG or a PNG")
     w, h = im.size
     if w < 1 or h < 1:
         raise NotAnImage(f"the image declares an empty size {w}x{h}")
