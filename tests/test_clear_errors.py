@@ -11,6 +11,7 @@ import trio
 from conftest import wait_for
 from toolsd.client import AsyncClient, ToolsdError
 from toolsd.sandbox.bwrap.policy import ENV_MAX_BYTES
+from toolsd.tools.repl_turns import MAX_OPEN_TURNS
 
 pytestmark = pytest.mark.daemon(shared=True)
 
@@ -147,3 +148,15 @@ async def test_image_read_cut_off_by_session_close_is_session_closed(daemon):
             await trio.to_thread.run_sync(wait_for, lambda: daemon.running("/dev/ptmx"))
             await client.session_close(s)
         assert errors(got)[0][0] == "session_closed", errors(got)
+
+
+def test_turns_begun_without_end_are_bounded_and_ending_one_makes_room(client, session):
+    turns = [client.turn_begin(session)["turn"] for _ in range(MAX_OPEN_TURNS)]
+    with pytest.raises(ToolsdError) as e:
+        client.turn_begin(session)
+    assert e.value.code == "limit_exceeded"
+    assert f"{MAX_OPEN_TURNS} turns open" in e.value.message and "turn.end" in e.value.message
+    client.turn_end(session, turns[0])
+    turn = client.turn_begin(session)["turn"]
+    assert client.repl_exec(session, turn, "1 + 1")["output"] == "2\n"
+    client.session_close(session)

@@ -234,7 +234,7 @@ def session_network(sup: Supervisor, p: SessionNetworkParams,
 
 def turn_begin_now(session: Session, p: SessionParams, call: Call) -> TurnBeginResult:
     session.check_open()
-    return TurnBeginResult(turn=session.turns.begin())
+    return TurnBeginResult(turn=session.turns.begin(session.id))
 
 
 async def turn_begin(session: Session, p: SessionParams, call: Call) -> TurnBeginResult:

@@ -11,10 +11,14 @@ from typing import TYPE_CHECKING, Callable
 
 import trio
 
-from toolsd.wire.protocol import NOT_FOUND, ToolsdError
+from toolsd.wire.protocol import LIMIT_EXCEEDED, NOT_FOUND, ToolsdError
 
 if TYPE_CHECKING:
     from toolsd.tools.repl import Repl
+
+# Turns of one session open at once: each is kept until turn.end or session.close, so a
+# client that begins turns without ending them would grow the daemon without end.
+MAX_OPEN_TURNS = 1000
 
 
 class ReplTurn:
@@ -54,7 +58,11 @@ class ReplTurns:
     def __init__(self):
         self._turns: dict[str, ReplTurn] = {}
 
-    def begin(self) -> str:
+    def begin(self, session_id: str) -> str:
+        if len(self._turns) >= MAX_OPEN_TURNS:
+            raise ToolsdError(LIMIT_EXCEEDED, f"session {session_id} has {MAX_OPEN_TURNS} "
+                              f"turns open, the most it keeps; end one with turn.end (or "
+                              f"close the session) before beginning another")
         turn_id = f"t-{uuid.uuid4().hex[:12]}"
         self._turns[turn_id] = ReplTurn(turn_id)
         return turn_id
