@@ -297,19 +297,19 @@ async def port_close(session: Session, p: PortCloseParams, call: Call) -> PortCl
 
 
 async def process_list(sup: Supervisor, p: ProcessListParams, call: Call) -> ProcessListResult:
-    return _tenants_own(sup, call, await processes.listing(sup.processes, p))
+    return await processes.listing(sup.processes, p, _tenants_own(call.tenant))
 
 
 def process_list_now(sup: Supervisor, p: ProcessListParams, call: Call) -> object:
-    listed = processes.listing_now(sup.processes, p)
-    return LATER if listed is None else _tenants_own(sup, call, listed)
+    listed = processes.listing_now(sup.processes, p, _tenants_own(call.tenant))
+    return LATER if listed is None else listed
 
 
-def _tenants_own(sup: Supervisor, call: Call, listed: ProcessListResult) -> ProcessListResult:
-    if call.tenant != LOCAL:
-        mine = {bg.id for bg in sup.processes if bg.session.tenant == call.tenant}
-        listed.processes = [info for info in listed.processes if info.id in mine]
-    return listed
+def _tenants_own(tenant: str) -> Callable[[BackgroundProcess], bool] | None:
+    """Which processes `tenant` may list: the local tenant every one."""
+    if tenant == LOCAL:
+        return None
+    return lambda bg: bg.session.tenant == tenant
 
 
 async def image_read(session: Session, p: ImageReadParams, call: Call) -> ImageReadResult:

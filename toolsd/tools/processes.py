@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import msgspec
 import trio
@@ -294,8 +294,11 @@ async def stop(proc: BackgroundProcess, p: ProcessStopParams) -> ProcessStopResu
     return await proc.stop(p.grace_s)
 
 
-async def listing(table: ProcessTable, p: ProcessListParams) -> ProcessListResult:
-    procs = table.listed(p.session)
+async def listing(table: ProcessTable, p: ProcessListParams,
+                  only: Callable[[BackgroundProcess], bool] | None = None) -> ProcessListResult:
+    """process.list; `only`: which processes the caller may see (others are not even
+    measured, so how long the answer takes says nothing of them)."""
+    procs = _visible(table, p, only)
     with contextlib.ExitStack() as stack:
         shims = [stack.enter_context(bg.job.holding_tree()) for bg in procs]
         if not any(shims):
@@ -304,13 +307,21 @@ async def listing(table: ProcessTable, p: ProcessListParams) -> ProcessListResul
         return await trio.to_thread.run_sync(_listed, procs, shims)
 
 
-def listing_now(table: ProcessTable, p: ProcessListParams) -> ProcessListResult | None:
+def listing_now(table: ProcessTable, p: ProcessListParams,
+                only: Callable[[BackgroundProcess], bool] | None = None,
+                ) -> ProcessListResult | None:
     """process.list in the event loop when no listed process has a tree left to measure
     (all finished: what they show is in memory); else None, and `listing` measures them."""
-    procs = table.listed(p.session)
+    procs = _visible(table, p, only)
     with contextlib.ExitStack() as stack:
         shims = [stack.enter_context(bg.job.holding_tree()) for bg in procs]
         return None if any(shims) else _listed(procs, shims)
+
+
+def _visible(table: ProcessTable, p: ProcessListParams,
+             only: Callable[[BackgroundProcess], bool] | None) -> list[BackgroundProcess]:
+    procs = table.listed(p.session)
+    return procs if only is None else [bg for bg in procs if only(bg)]
 
 
 def _listed(procs: list[BackgroundProcess], shims: list[int | None]) -> ProcessListResult:
