@@ -164,10 +164,11 @@ class Sandbox:
     @property
     def devnull(self) -> int:
         """A read-only /dev/null to give a command as its stdin (the launcher's)."""
-        if self.launcher is None:
+        fd = -1 if self.launcher is None else self.launcher.devnull
+        if fd == -1:
             raise SandboxError(Fault.CLOSED, "the session is closed or its sandbox died; "
                                "open a new session")
-        return self.launcher.devnull
+        return fd
 
     async def spawn(self, request: SpawnRequest, *, what: str | None = None,
                     fault: Fault = Fault.REFUSED) -> Job:

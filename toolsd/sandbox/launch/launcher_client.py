@@ -58,7 +58,6 @@ class Launcher:
     def __init__(self, wrapper: Wrapper, channel: Channel):
         self._wrapper = wrapper
         self._channel = channel
-        self.devnull = channel.devnull  # the channel's; spawn_with_pipe's stdin
         self._tasks: trio.Nursery | None = None  # our reader's, for kills of abandoned jobs
         self.ready = Ready()  # what the launcher said when it started
         # With `listen`: the sockets it made in the sandbox's network namespace, by their
@@ -333,6 +332,11 @@ class Launcher:
             job.abandon()
             raise LauncherDied(self._death or "the sandbox launcher died")
         return job
+
+    @property
+    def devnull(self) -> int:
+        """The channel's read-only /dev/null (spawn_with_pipe's stdin); -1 once closed."""
+        return self._channel.devnull
 
     async def start_helper(self, argv: list[str], env: dict[str, str], fd: int) -> None:
         """Have the launcher run `argv` as a helper of its own, with `fd` (the caller's, to
