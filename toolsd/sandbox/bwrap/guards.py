@@ -106,13 +106,49 @@ class MountGuard:
         if fd != -1:
             os.close(fd)
 
-    async def watch(self, host_pid: int, name: str, check: Callable[[list[str]], None], *,
+
+
+# Guards a round checks between two checkpoints, so that a round over many sandboxes never
+# holds the calls of the daemon for long.
+ROUND_SLICE = 64
+
+
+class GuardRounds:
+    """Every watched sandbox's MountGuard, checked in one task (`run`) every GUARD_CHECK_S,
+    for commands already running. One task a sandbox, each with its own timer, cost the
+    daemon scheduler passes that grew with its sessions, idle or not, and slowed every call.
+
+    Resource handling: `watch` opens a guard and keeps it in the round until its task is
+    cancelled, then closes it; `run` is the owner's task (the daemon's, or a lone
+    sandbox's)."""
+
+    def __init__(self) -> None:
+        self._watched: dict[MountGuard, Callable[[list[str]], None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._watched)
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(GUARD_CHECK_S)
+            await self.check_all()
+
+    async def check_all(self) -> None:
+        """One round: `check(paths gone)` of every guard in it."""
+        for n, (guard, check) in enumerate(list(self._watched.items()), 1):
+            if guard.watching:
+                check(guard.check())
+            if n % ROUND_SLICE == 0:
+                await trio.sleep(0)
+
+    async def watch(self, guard: MountGuard, host_pid: int, name: str,
+                    check: Callable[[list[str]], None], *,
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """`open`, then `check(paths gone)` now and every GUARD_CHECK_S, for commands
-        already running, until cancelled; `close` at the end. Started (the mountinfo open
-        and read) before the sandbox `name` is handed out."""
+        """`guard.open`, then `check(paths gone)` now and at every round, until cancelled;
+        `guard.close` at the end. Started (the mountinfo open and read) before the sandbox
+        `name` is handed out."""
         try:
-            missing = self.open(host_pid)
+            missing = guard.open(host_pid)
         except OSError as e:
             log.warning("%s: cannot watch its mounts (%s)", name, e)
             task_status.started()
@@ -120,9 +156,9 @@ class MountGuard:
         try:
             if missing:  # replaced as the sandbox started
                 check(missing)
+            self._watched[guard] = check
             task_status.started()
-            while True:
-                check(self.check())
-                await trio.sleep(GUARD_CHECK_S)
+            await trio.sleep_forever()
         finally:
-            self.close()
+            self._watched.pop(guard, None)
+            guard.close()
