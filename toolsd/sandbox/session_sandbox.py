@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import trio
 
+from toolsd.runtime import threads
 from toolsd.sandbox.launch import cgroups
 
 from toolsd.sandbox.bwrap import home
@@ -35,6 +36,10 @@ log = logging.getLogger("toolsd.session")
 # A spawn that takes longer than this means the launcher is stuck (sandboxed, pid 1 of its
 # namespace, its code cannot stop it; unsandboxed it can).
 SPAWN_TIMEOUT_S = 10.0
+# Sandboxes whose folders are being removed at once. Removing a home is mostly the
+# filesystem's work on its copies and mount points, which threads cannot speed up: many at
+# once (sessions closed together) only took the worker threads and the CPU from the calls.
+REMOVE_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -130,9 +135,13 @@ class Sandbox:
                 await self.launcher.aclose()
             if self.cgroup is not None:
                 self.cgroup.remove()
-            await trio.to_thread.run_sync(shutil.rmtree, self.spec.scratch, True)
-            if self.spec.home_dir is not None:
-                await trio.to_thread.run_sync(shutil.rmtree, self.spec.home_dir, True)
+            await trio.to_thread.run_sync(self._remove_folders, limiter=threads.limiter(
+                "remove", REMOVE_THREADS))
+
+    def _remove_folders(self) -> None:
+        shutil.rmtree(self.spec.scratch, True)
+        if self.spec.home_dir is not None:
+            shutil.rmtree(self.spec.home_dir, True)
 
     async def end_launcher(self) -> None:
         """Stop the launcher now (its sandbox ends with it); the folders stay for aclose."""
