@@ -21,15 +21,23 @@ log = logging.getLogger("toolsd.session")
 GUARD_CHECK_S = 0.5
 
 
-def identities(paths) -> tuple[tuple[str, int | None, int | None], ...]:
-    """(path, st_dev, st_ino) of each path; None, None for one that is not there."""
+def identities(paths, seen: dict | None = None) -> tuple[tuple[str, int | None, int | None],
+                                                          ...]:
+    """(path, st_dev, st_ino) of each path; None, None for one that is not there. `seen`:
+    identities found a moment ago, by path, taken from and added to (GuardRounds: the homes
+    and hidden folders every sandbox guards are looked at once a slice)."""
     ids = []
     for path in paths:
-        try:
-            st = os.stat(path)
-            ids.append((path, st.st_dev, st.st_ino))
-        except OSError:
-            ids.append((path, None, None))
+        found = seen.get(path) if seen is not None else None
+        if found is None:
+            try:
+                st = os.stat(path)
+                found = (path, st.st_dev, st.st_ino)
+            except OSError:
+                found = (path, None, None)
+            if seen is not None:
+                seen[path] = found
+        ids.append(found)
     return tuple(ids)
 
 
@@ -82,19 +90,19 @@ class MountGuard:
         self._poll.register(self._fd, select.POLLPRI)
         return self._missing(_read_all(self._fd))
 
-    def check(self) -> list[str]:
+    def check(self, seen: dict | None = None) -> list[str]:
         """The guarded paths the host has replaced or moved since the sandbox started, if
         any. Cheap when nothing changed: the kernel flags the sandbox's mountinfo as soon as
         its mount table changes (POLLPRI), and only then is it read again. A folder moved
         away on the host takes its mounts along without changing the table: the guarded
-        folders' identities are compared too (a stat each)."""
+        folders' identities are compared too (a stat each, or from `seen`: identities)."""
         if self._fd == -1:
             return []
         if self._poll.poll(0):
             missing = self._missing(_read_all(self._fd))  # reading re-arms the flag
             if missing:
                 return missing
-        return [path for path, dev, ino in identities(self._dirs)
+        return [path for path, dev, ino in identities(self._dirs, seen)
                 if (dev, ino) != self._ids[path]]
 
     def _missing(self, mountinfo: bytes) -> list[str]:
@@ -135,11 +143,13 @@ class GuardRounds:
 
     async def check_all(self) -> None:
         """One round: `check(paths gone)` of every guard in it."""
+        seen: dict = {}
         for n, (guard, check) in enumerate(list(self._watched.items()), 1):
             if guard.watching:
-                check(guard.check())
+                check(guard.check(seen))
             if n % ROUND_SLICE == 0:
                 await trio.sleep(0)
+                seen = {}  # what the host did meanwhile is looked at again
 
     async def watch(self, guard: MountGuard, host_pid: int, name: str,
                     check: Callable[[list[str]], None], *,
