@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """toolsd's speed, each figure printed next to its anchor measured in the same run.
 
-Run: .venv/bin/python scripts/bench.py [section ...] [--sessions N] [--clients N]   (sections:
-see SECTIONS below; the options are for `load`)
+Run: .venv/bin/python scripts/bench.py [section ...] [--sessions N] [--clients N] [--no-burst]
+(sections: see SECTIONS below; the options are for `load`)
 Two trees side by side: scripts/bench.py --tree ../before --tree . [--rounds N] [section ...]
 runs the daemon of each tree in turn (rounds A B A B ...) and prints each figure for both,
 min-max over the rounds. Only the daemon comes from each tree; the bench itself, its client
@@ -370,7 +370,7 @@ SECTIONS = {
     "launcher": section("bench_launcher", "bench_launcher"),
     "calls": section("bench_calls", "bench_calls"),
     "image": section("bench_image", "bench_image"),
-    "load": section("bench_load", "bench_load", "sessions", "clients"),
+    "load": section("bench_load", "bench_load", "sessions", "clients", "burst"),
     "home": section("bench_home", "bench_home"),
     "big-workspace": section("bench_home", "bench_big_workspace"),
     "ports": section("bench_ports", "bench_ports"),
@@ -437,6 +437,9 @@ def main(argv: list[str]) -> None:
                         help="sessions the load section opens (default 200)")
     parser.add_argument("--clients", type=int, default=16,
                         help="concurrent clients of the load section (default 16)")
+    parser.add_argument("--no-burst", dest="burst", action="store_false",
+                        help="load: no REPL in the sessions beyond the first 50, so no burst "
+                             "of REPL starts and no repl.exec over all N (much shorter)")
     parser.add_argument("--tree", action="append", default=[], metavar="PATH",
                         help="a checkout whose daemon to measure (repeat to compare trees)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -447,7 +450,7 @@ def main(argv: list[str]) -> None:
         if name not in SECTIONS:
             raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
     print(f"toolsd bench on {os.cpu_count()} cores, python {sys.version.split()[0]}")
-    OPTIONS.update(sessions=args.sessions, clients=args.clients)
+    OPTIONS.update(sessions=args.sessions, clients=args.clients, burst=args.burst)
     if args.tree:
         run_trees([os.path.abspath(t) for t in args.tree], args.rounds, names)
         return

@@ -7,7 +7,13 @@ p50/p99 spread over the first 50 sessions, then over all N (a call should cost t
 one at once (a new turn's first repl.exec each) while the clients call shell.run on the 50
 already running. Latencies are shown next to the same call unloaded, on one of the N.
 
-Run: .venv/bin/python scripts/bench.py load [--sessions N] [--clients N]   (default 200, 16)
+Before all that, the floor a session costs the others: the daemon's CPU while every session
+is idle and shell.run's unloaded median, with FEW sessions open and again with all N, and at
+the end the close of all N, CLIENTS at once. With --no-burst only the first 50 get a REPL:
+no burst and no repl.exec over all N (minutes shorter at N = 1,000).
+
+Run: .venv/bin/python scripts/bench.py load [--sessions N] [--clients N] [--no-burst]
+(default 200, 16)
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ CALLS_PER_PHASE = 2000  # of one method, over all clients (rounds over the sessi
 UNLOADED_CALLS = 200
 OPENERS = 4  # session opens and the first 50 REPL starts in flight at once
 BASE = 50  # the sessions the figures over N are held against
+FEW = 10  # the sessions the idle figures over N are held against
+IDLE_S = 5.0  # how long the daemon's CPU is watched with every session idle
 BURST_CONNECTIONS = 8  # the burst's REPL starts all at once, over this many connections
 SHELL = "echo hi"
 REPL = "x += 1"
@@ -136,7 +144,7 @@ class Phase:
         return percentile(self.latencies, q)
 
 
-def burst(sock: str, pairs) -> tuple[float, list[str]]:
+def burst_starts(sock: str, pairs) -> tuple[float, list[str]]:
     """Every pair's first repl.exec, all sent at once: the seconds until the last answered,
     and the errors."""
     errors: list[str] = []
@@ -165,7 +173,14 @@ def burst(sock: str, pairs) -> tuple[float, list[str]]:
     return trio.run(main), errors
 
 
-def bench_load(sessions: int = 200, clients: int = 16) -> None:
+def idle_cores(daemon: psutil.Process) -> float:
+    """The daemon's CPU over IDLE_S with no call in flight, in cores."""
+    before = sum(daemon.cpu_times()[:2])
+    time.sleep(IDLE_S)
+    return (sum(daemon.cpu_times()[:2]) - before) / IDLE_S
+
+
+def bench_load(sessions: int = 200, clients: int = 16, burst: bool = True) -> None:
     with running_daemon("--no-warm-spare") as (sock, root, proc):
         daemon = psutil.Process(proc.pid)
         local = threading.local()
@@ -181,10 +196,23 @@ def bench_load(sessions: int = 200, clients: int = 16) -> None:
             s = client().session_open(workspace)["session"]
             return s, client().turn_begin(s)["turn"]
 
+        def unloaded_shell() -> float:
+            s = opened[0][0]
+            return statistics.median(timed(lambda: client().shell_run(s, SHELL),
+                                           UNLOADED_CALLS))
+
+        few = min(FEW, sessions)
         with ThreadPoolExecutor(OPENERS) as pool:
             started = time.perf_counter()
-            opened = list(pool.map(open_one, range(sessions)))
+            opened = list(pool.map(open_one, range(few)))
             open_s = time.perf_counter() - started
+            idle = {few: idle_cores(daemon)}
+            shell_idle = {few: unloaded_shell()}
+            started = time.perf_counter()
+            opened += pool.map(open_one, range(few, sessions))
+            open_s += time.perf_counter() - started
+            idle[sessions] = idle_cores(daemon)
+            shell_idle[sessions] = unloaded_shell()
         idle_uss = statistics.median(sandbox_uss(proc.pid))
         base, rest = opened[:BASE], opened[BASE:]
 
@@ -208,19 +236,22 @@ def bench_load(sessions: int = 200, clients: int = 16) -> None:
         # session's first repl.exec has been answered.
         done = threading.Event()
         during = Phase()
-        drivers = threading.Thread(target=during.run,
-                                   args=(sock, base, clients, "shell", 0, done))
-        drivers.start()
-        time.sleep(0.5)  # the clients are calling
-        try:
-            burst_s, burst_errors = burst(sock, rest) if rest else (0.0, [])
-        finally:
-            done.set()
-            drivers.join()
+        burst_s, burst_errors = 0.0, []
+        if burst:
+            drivers = threading.Thread(target=during.run,
+                                       args=(sock, base, clients, "shell", 0, done))
+            drivers.start()
+            time.sleep(0.5)  # the clients are calling
+            try:
+                burst_s, burst_errors = burst_starts(sock, rest) if rest else (0.0, [])
+            finally:
+                done.set()
+                drivers.join()
         fds = daemon.num_fds()
         over_all, cpu = {}, {}
         me = psutil.Process()
-        for m in ("shell", "repl"):
+        methods = ("shell", "repl") if burst else ("shell",)
+        for m in methods:
             before = (sum(daemon.cpu_times()[:2]), tree_cpu_s(daemon), sum(me.cpu_times()[:2]),
                       machine_busy_s())
             over_all[m] = Phase().run(sock, opened, clients, m, CALLS_PER_PHASE)
@@ -236,14 +267,25 @@ def bench_load(sessions: int = 200, clients: int = 16) -> None:
         with ThreadPoolExecutor(clients) as pool:
             list(pool.map(close, opened))
         close_s = time.perf_counter() - started
+        # Their scratch and home folders go after the answers: until all of them have, the
+        # closes still cost the machine.
+        scratch = os.path.join(root, "state", "scratch")
+        while os.listdir(scratch):
+            time.sleep(0.05)
+        removed_s = time.perf_counter() - started
 
     name = f"load: {sessions} sessions, {clients} clients"
     report(f"{name}, session.open each ({OPENERS} at once)", ms(open_s / sessions))
+    report(f"  daemon CPU, {sessions} sessions idle", f"{idle[sessions]:8.3f} cores",
+           anchor=f"{few} idle: {idle[few]:.3f} cores")
+    report(f"  shell.run(\"{SHELL}\") unloaded, {sessions} sessions open",
+           ms(shell_idle[sessions]), anchor=f"{few} open: {ms(shell_idle[few]).strip()}",
+           ratio=shell_idle[sessions] / shell_idle[few])
     report("  memory per session, idle (USS of its sandbox, median)",
            f"{idle_uss / 1e6:8.2f} MB", target="<= 2.96 MB")
     unloaded = {"shell": shell_unloaded, "repl": repl_unloaded}
     calls = {"shell": f'shell.run("{SHELL}")', "repl": f'repl.exec("{REPL}")'}
-    for m in ("shell", "repl"):
+    for m in methods:
         few, many = over_base[m], over_all[m]
         report(f"  {calls[m]} over {len(base)} sessions, calls/s", f"{few.rate:8.0f}/s",
                anchor=f"p50 {ms(few.p(0.5)).strip()}, p99 {ms(few.p(0.99)).strip()}")
@@ -254,23 +296,26 @@ def bench_load(sessions: int = 200, clients: int = 16) -> None:
             report(f"  {calls[m]} over {sessions} sessions, p{int(q * 100)}", ms(many.p(q)),
                    anchor=f"unloaded median {ms(unloaded[m]).strip()}",
                    ratio=many.p(q) / unloaded[m])
-    for m in ("shell", "repl"):
+    for m in methods:
         daemon_s, tree_s, clients_s, busy_s = cpu[m]
         n, wall = len(over_all[m].latencies), over_all[m].wall
         report(f"  {calls[m]} over {sessions} sessions, daemon CPU a call", ms(daemon_s / n),
                anchor=f"daemon and sandboxes {ms(tree_s / n).strip()}; machine busy "
                       f"{busy_s / wall:.2f} cores: toolsd {tree_s / wall:.2f}, these clients "
                       f"{clients_s / wall:.2f}, else {(busy_s - tree_s - clients_s) / wall:.2f}")
-    report(f"  burst: {len(rest)} first repl.exec at once, the last answered after",
-           f"{burst_s:8.1f} s", anchor=f"{burst_s / max(1, len(rest)) * 1e3:.1f} ms a start")
-    for q, target in ((0.5, ""), (0.99, "<= 20 x")):
-        report(f"  shell.run during the burst, p{int(q * 100)}", ms(during.p(q)),
-               anchor=f"unloaded median {ms(shell_unloaded).strip()}, "
-                      f"{len(during.latencies)} calls",
-               ratio=during.p(q) / shell_unloaded, target=target)
-    report("  memory per session with its REPL, after the load", f"{loaded_uss / 1e6:8.2f} MB")
+    if burst:
+        report(f"  burst: {len(rest)} first repl.exec at once, the last answered after",
+               f"{burst_s:8.1f} s",
+               anchor=f"{burst_s / max(1, len(rest)) * 1e3:.1f} ms a start")
+        for q, target in ((0.5, ""), (0.99, "<= 20 x")):
+            report(f"  shell.run during the burst, p{int(q * 100)}", ms(during.p(q)),
+                   anchor=f"unloaded median {ms(shell_unloaded).strip()}, "
+                          f"{len(during.latencies)} calls",
+                   ratio=during.p(q) / shell_unloaded, target=target)
+        report("  memory per session with its REPL, after the load",
+               f"{loaded_uss / 1e6:8.2f} MB")
     report(f"  session.close of all {sessions}, {clients} at once, each", ms(close_s / sessions),
-           anchor=f"all closed in {close_s:.1f} s")
+           anchor=f"all closed in {close_s:.1f} s, their folders gone in {removed_s:.1f} s")
     report("  daemon's open descriptors", f"{fds:8d}", anchor=f"{fds / sessions:.1f} a session")
     errors = [*burst_errors, *during.errors,
               *(e for ph in (*over_base.values(), *over_all.values()) for e in ph.errors)]
@@ -280,4 +325,4 @@ def bench_load(sessions: int = 200, clients: int = 16) -> None:
 
 
 if __name__ == "__main__":
-    bench_load(*map(int, sys.argv[1:3]))
+    bench_load(*map(int, sys.argv[1:3]), burst="--no-burst" not in sys.argv)

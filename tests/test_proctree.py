@@ -9,6 +9,7 @@ import subprocess
 import textwrap
 
 import psutil
+import pytest
 import trio
 
 from _launchers import PY, spawn_piped
@@ -142,6 +143,27 @@ async def test_tree_of_200_with_setsid_members_leaves_no_survivor(launcher):
         assert len(tree) == 201
         ended, survivors = await kill_tree(job.shim_pid, grace_s=2)
         assert (ended, survivors) == (201, 0)
+        assert running(tree) == []
+        await job.done.wait()
+
+
+async def test_a_kill_reads_its_own_tree_not_every_process_of_the_machine(launcher,
+                                                                          monkeypatch):
+    # A session's close kills its REPLs' trees: a kill that read every process's stat file
+    # cost more for every session open, and closing them all grew as their square.
+    if not proctree.HAVE_CHILDREN_FILES:
+        pytest.skip("this kernel has no /proc/PID/task/TID/children files")
+
+    def whole_proc():
+        raise AssertionError("the kill read every process of the machine")
+
+    monkeypatch.setattr(proctree, "_child_map", whole_proc)
+    job, out = await start(launcher, [PY, "-c", TREE_OF_200])
+    async with out:
+        await read_until(out, b"ready\n")
+        tree = [p.pid for p in proctree.descendants(job.shim_pid)]
+        assert len(tree) == 201
+        assert await kill_tree(job.shim_pid, grace_s=0) == (201, 0)
         assert running(tree) == []
         await job.done.wait()
 

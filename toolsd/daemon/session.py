@@ -146,7 +146,8 @@ class Session(MemoryNotes):
             limits=self.limits, policy=self.policy, bwrap=host.bwrap,
             home_dir=self.home_dir if self.home_is_own else None,
             cgroup_places=host.cgroup_places, listen=self.net.listen),
-            starts_after=self.repositories.known)  # no command before the baseline
+            starts_after=self.repositories.known,  # no command before the baseline
+            guard_rounds=host.guard_rounds)
         # file.*'s helper, started on first use.
         self.files = file_helper_client.FileHelper.of_session(self)
 

@@ -25,6 +25,7 @@ from toolsd.daemon.session import Session
 from toolsd.daemon.spares import SparePool
 from toolsd.daemon.state_folder import StateDir
 from toolsd.daemon.tenants import LOCAL
+from toolsd.sandbox.bwrap.guards import GuardRounds
 from toolsd.sandbox.launch import cgroups
 from toolsd.sandbox.bwrap.policy import Limits
 from toolsd.tools.host import Host
@@ -112,7 +113,8 @@ class Supervisor:
             max_frame=config.max_frame, limits=config.limits, shown=config.shown, bwrap=bwrap,
             why_no_sandbox=why_not, cgroup_places=cgroup_places,
             hidden_paths=self._hidden_paths(), scratch=self.state.scratch,
-            logs=self.state.logs, interpreter_starts=starts)
+            logs=self.state.logs, interpreter_starts=starts, guard_rounds=GuardRounds())
+        nursery.start_soon(self.host.guard_rounds.run)
         if config.idle_timeout_s is not None:
             log.info("sessions with no activity for %g s are closed (--idle-timeout)",
                      config.idle_timeout_s)

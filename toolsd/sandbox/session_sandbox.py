@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 import trio
 
+from toolsd.runtime import threads
 from toolsd.sandbox.launch import cgroups
 
 from toolsd.sandbox.bwrap import home
 from toolsd.sandbox.errors import Fault, LauncherDied, LauncherError, LauncherLimit, SandboxError
-from toolsd.sandbox.bwrap.guards import MountGuard
+from toolsd.sandbox.bwrap.guards import GuardRounds, MountGuard
 from toolsd.sandbox.launch.job import Job
 from toolsd.sandbox.launch.launcher_client import Launcher
 from toolsd.sandbox.bwrap.policy import Limits, Policy, bwrap_argv
@@ -35,6 +36,10 @@ log = logging.getLogger("toolsd.session")
 # A spawn that takes longer than this means the launcher is stuck (sandboxed, pid 1 of its
 # namespace, its code cannot stop it; unsandboxed it can).
 SPAWN_TIMEOUT_S = 10.0
+# Sandboxes whose folders are being removed at once. Removing a home is mostly the
+# filesystem's work on its copies and mount points, which threads cannot speed up: many at
+# once (sessions closed together) only took the worker threads and the CPU from the calls.
+REMOVE_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -64,12 +69,15 @@ def rlimits_of(limits: Limits, *, memory_cgroup: bool) -> dict[str, tuple[int, i
 
 
 class Sandbox:
-    def __init__(self, spec: SandboxSpec, *, starts_after: trio.Event | None = None):
+    def __init__(self, spec: SandboxSpec, *, starts_after: trio.Event | None = None,
+                 guard_rounds: GuardRounds | None = None):
         """`starts_after`: no command starts until it is set (the session's look at its
-        repositories, say). A guarded policy whose workspace already changed is refused
-        here (SandboxError)."""
+        repositories, say). `guard_rounds`: the rounds that check its mount guard, shared
+        with the daemon's other sandboxes (None: rounds of its own). A guarded policy whose
+        workspace already changed is refused here (SandboxError)."""
         self.spec = spec
         self._starts_after = starts_after
+        self._guard_rounds = guard_rounds
         self.rlimits = rlimits_of(spec.limits,
                                   memory_cgroup="memory" in spec.cgroup_places)
         self.guard = MountGuard(spec.policy) if spec.policy is not None else None
@@ -105,7 +113,11 @@ class Sandbox:
             raise SandboxError(Fault.UNAVAILABLE,
                                f"could not start the session's sandbox: {e}") from None
         if spec.bwrap is not None and self.guard is not None:
-            await nursery.start(self.guard.watch, self.launcher.host_pid,
+            rounds = self._guard_rounds
+            if rounds is None:
+                rounds = GuardRounds()
+                nursery.start_soon(rounds.run)
+            await nursery.start(rounds.watch, self.guard, self.launcher.host_pid,
                                 f"session {spec.name}", on_guards_lost)
 
     def _wrapper(self) -> list[str]:
@@ -123,9 +135,13 @@ class Sandbox:
                 await self.launcher.aclose()
             if self.cgroup is not None:
                 self.cgroup.remove()
-            await trio.to_thread.run_sync(shutil.rmtree, self.spec.scratch, True)
-            if self.spec.home_dir is not None:
-                await trio.to_thread.run_sync(shutil.rmtree, self.spec.home_dir, True)
+            await trio.to_thread.run_sync(self._remove_folders, limiter=threads.limiter(
+                "remove", REMOVE_THREADS))
+
+    def _remove_folders(self) -> None:
+        shutil.rmtree(self.spec.scratch, True)
+        if self.spec.home_dir is not None:
+            shutil.rmtree(self.spec.home_dir, True)
 
     async def end_launcher(self) -> None:
         """Stop the launcher now (its sandbox ends with it); the folders stay for aclose."""

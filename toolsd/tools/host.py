@@ -13,6 +13,8 @@ from toolsd.sandbox.bwrap.policy import Limits
 if TYPE_CHECKING:
     import trio
 
+    from toolsd.sandbox.bwrap.guards import GuardRounds
+
 
 @dataclasses.dataclass(frozen=True)
 class Host:
@@ -29,6 +31,8 @@ class Host:
     # Not a fact but one for every session: how many interpreters may be starting at once,
     # across sessions (tools/interpreter.py, STARTS_AT_ONCE).
     interpreter_starts: trio.CapacityLimiter
+    # Likewise: the one task that checks every session's mount guard (guards.py).
+    guard_rounds: GuardRounds
 
     @property
     def sandbox_kind(self) -> str:

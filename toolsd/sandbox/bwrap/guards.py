@@ -21,15 +21,23 @@ log = logging.getLogger("toolsd.session")
 GUARD_CHECK_S = 0.5
 
 
-def identities(paths) -> tuple[tuple[str, int | None, int | None], ...]:
-    """(path, st_dev, st_ino) of each path; None, None for one that is not there."""
+def identities(paths, seen: dict | None = None) -> tuple[tuple[str, int | None, int | None],
+                                                          ...]:
+    """(path, st_dev, st_ino) of each path; None, None for one that is not there. `seen`:
+    identities found a moment ago, by path, taken from and added to (GuardRounds: the homes
+    and hidden folders every sandbox guards are looked at once a slice)."""
     ids = []
     for path in paths:
-        try:
-            st = os.stat(path)
-            ids.append((path, st.st_dev, st.st_ino))
-        except OSError:
-            ids.append((path, None, None))
+        found = seen.get(path) if seen is not None else None
+        if found is None:
+            try:
+                st = os.stat(path)
+                found = (path, st.st_dev, st.st_ino)
+            except OSError:
+                found = (path, None, None)
+            if seen is not None:
+                seen[path] = found
+        ids.append(found)
     return tuple(ids)
 
 
@@ -82,19 +90,19 @@ class MountGuard:
         self._poll.register(self._fd, select.POLLPRI)
         return self._missing(_read_all(self._fd))
 
-    def check(self) -> list[str]:
+    def check(self, seen: dict | None = None) -> list[str]:
         """The guarded paths the host has replaced or moved since the sandbox started, if
         any. Cheap when nothing changed: the kernel flags the sandbox's mountinfo as soon as
         its mount table changes (POLLPRI), and only then is it read again. A folder moved
         away on the host takes its mounts along without changing the table: the guarded
-        folders' identities are compared too (a stat each)."""
+        folders' identities are compared too (a stat each, or from `seen`: identities)."""
         if self._fd == -1:
             return []
         if self._poll.poll(0):
             missing = self._missing(_read_all(self._fd))  # reading re-arms the flag
             if missing:
                 return missing
-        return [path for path, dev, ino in identities(self._dirs)
+        return [path for path, dev, ino in identities(self._dirs, seen)
                 if (dev, ino) != self._ids[path]]
 
     def _missing(self, mountinfo: bytes) -> list[str]:
@@ -106,13 +114,51 @@ class MountGuard:
         if fd != -1:
             os.close(fd)
 
-    async def watch(self, host_pid: int, name: str, check: Callable[[list[str]], None], *,
+
+
+# Guards a round checks between two checkpoints, so that a round over many sandboxes never
+# holds the calls of the daemon for long.
+ROUND_SLICE = 64
+
+
+class GuardRounds:
+    """Every watched sandbox's MountGuard, checked in one task (`run`) every GUARD_CHECK_S,
+    for commands already running. One task a sandbox, each with its own timer, cost the
+    daemon scheduler passes that grew with its sessions, idle or not, and slowed every call.
+
+    Resource handling: `watch` opens a guard and keeps it in the round until its task is
+    cancelled, then closes it; `run` is the owner's task (the daemon's, or a lone
+    sandbox's)."""
+
+    def __init__(self) -> None:
+        self._watched: dict[MountGuard, Callable[[list[str]], None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._watched)
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(GUARD_CHECK_S)
+            await self.check_all()
+
+    async def check_all(self) -> None:
+        """One round: `check(paths gone)` of every guard in it."""
+        seen: dict = {}
+        for n, (guard, check) in enumerate(list(self._watched.items()), 1):
+            if guard.watching:
+                check(guard.check(seen))
+            if n % ROUND_SLICE == 0:
+                await trio.sleep(0)
+                seen = {}  # what the host did meanwhile is looked at again
+
+    async def watch(self, guard: MountGuard, host_pid: int, name: str,
+                    check: Callable[[list[str]], None], *,
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """`open`, then `check(paths gone)` now and every GUARD_CHECK_S, for commands
-        already running, until cancelled; `close` at the end. Started (the mountinfo open
-        and read) before the sandbox `name` is handed out."""
+        """`guard.open`, then `check(paths gone)` now and at every round, until cancelled;
+        `guard.close` at the end. Started (the mountinfo open and read) before the sandbox
+        `name` is handed out."""
         try:
-            missing = self.open(host_pid)
+            missing = guard.open(host_pid)
         except OSError as e:
             log.warning("%s: cannot watch its mounts (%s)", name, e)
             task_status.started()
@@ -120,9 +166,9 @@ class MountGuard:
         try:
             if missing:  # replaced as the sandbox started
                 check(missing)
+            self._watched[guard] = check
             task_status.started()
-            while True:
-                check(self.check())
-                await trio.sleep(GUARD_CHECK_S)
+            await trio.sleep_forever()
         finally:
-            self.close()
+            self._watched.pop(guard, None)
+            guard.close()

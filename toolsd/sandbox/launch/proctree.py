@@ -45,8 +45,8 @@ def children(pid: int) -> list[int]:
     """The children of `pid`, read from its threads' /proc/PID/task/TID/children files: a
     look at that one process, however many the machine runs. Where the kernel has no such
     files, from the whole /proc (_child_map). A child forked while we read may be missed,
-    so this is for callers that look again or only look (child_lookup); a kill walks the
-    whole /proc until nothing is left (_Killer)."""
+    so this is for callers that look again or only look (child_lookup), and for a kill,
+    which walks again until nothing new is found (_TreeKiller._find)."""
     if not HAVE_CHILDREN_FILES:
         return _child_map().get(pid, [])
     try:
@@ -187,7 +187,15 @@ class _TreeKiller:
         # Also walk from every tracked process still running: if the root itself died, its
         # orphans went to some subreaper outside the root's tree, but their own children
         # are still theirs.
-        found = _walk([root_pid, *self.running.values()], _child_map())
+        # From the tree's own children files, not the whole /proc: a kill must not cost
+        # more for every process of every other session (a session's close kills its
+        # REPLs' trees). What one walk misses, the next finds, as with a walk of /proc,
+        # whose listing misses what forks after it: a fork completes only in a parent that
+        # has no SIGKILL pending, so a parent we saw and killed forks no more; a child forked
+        # before is found below its parent, or below the root once that parent has exited
+        # (it is reparented before the parent's pidfd says so), and run() walks again
+        # until a walk finds nothing new and all it found has exited.
+        found = _walk([root_pid, *self.running.values()], child_lookup())
         if with_root:
             # Enumerate before signalling anything: once the root is gone, its children
             # are no longer below it.
