@@ -1,7 +1,7 @@
 """image.read: the file read inside the session's sandbox (so the call sees exactly what the
 session's commands see: by its file helper once that runs, helper_read.py), fitted by fit.py
 in a worker thread, at most DECODE_SLOTS at a time; a small picture that goes out as it is
-(fit.kept_as_is) is fitted in the event loop, where its one short decode costs less than
+(sniff.kept_as_is) is fitted in the event loop, where its one short decode costs less than
 the hop to a thread and back."""
 
 from __future__ import annotations
@@ -141,10 +141,9 @@ async def _read_in_sandbox(session: SessionView, path: str) -> bytes:
     with ChildFds() as fds:  # the child holds the only copies of its ends: EOF at its exit
         out_r, out_w = fds.pipe()
         err_r, err_w = fds.pipe()
-        devnull = fds.child(spawning.open_devnull())
         job = await session.sandbox.spawn(
-            SpawnRequest(argv, session.workspace, env, stdin=devnull, stdout=out_w,
-                         stderr=err_w, want_pid=False),
+            SpawnRequest(argv, session.workspace, env, stdin=session.sandbox.devnull,
+                         stdout=out_w, stderr=err_w, want_pid=False),
             what=f"a reader for {path}", fault=Fault.IO)
 
     out = trio.lowlevel.FdStream(out_r)
