@@ -52,7 +52,6 @@ from toolsd.wire.process_input import (
 )
 from toolsd.wire.protocol import (
     FEATURES,
-    UNSET,
     CancelParams,
     HelloParams,
     HelloResult,
@@ -178,15 +177,14 @@ class Method(Generic[P]):
             return self.now(sup, params, call)
         target, session = self._target(sup, params)
         # As session.reported, but looked at first: LATER must come before anything is done.
-        host_exec = session.repositories.look_now() if self.reports else UNSET
+        host_exec = session.repositories.look_now() if self.reports else []
         if host_exec is None:
             return LATER  # looking needs a worker thread
         with session.call():
             result = self.now(target, params, call)
         if result is LATER or not self.reports:
             return result
-        result.host_exec = host_exec or UNSET
-        return session.net.report(result)
+        return session.reported_as(result, host_exec)
 
     def _target(self, sup: Supervisor, params: P) -> tuple[object, Session]:
         """What a SESSION or PROCESS row's handler is given, and the session it is in."""

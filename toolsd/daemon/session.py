@@ -302,7 +302,12 @@ class Session(MemoryNotes):
     async def reported(self, result):
         """`result` with host_exec, looked at now that its call is over: every result of a
         call on a session carries it (left out while there is nothing)."""
-        result.host_exec = await self.repositories.look() or UNSET
+        return self.reported_as(result, await self.repositories.look())
+
+    def reported_as(self, result, host_exec: list[str]):
+        """`result` with `host_exec` as looked at (repositories.look or look_now), and the
+        connections the sandbox was refused meanwhile."""
+        result.host_exec = host_exec or UNSET
         return self.net.report(result)
 
     # ------------------------------------------------------------ what it owns
