@@ -147,9 +147,7 @@ async def output(proc: BackgroundProcess, p: ProcessOutputParams, answer: Answer
         return await _output_streamed(proc, p, answer)
     deadline = trio.current_time() + p.wait_s
     while True:
-        # A stale or foreign offset past the end reads from the end rather than waiting for
-        # output that may never come.
-        start = min(proc.read_mark if p.since is None else p.since, proc.ring.end)
+        start = _start(proc, p)
         if p.wait_s > 0:
             with trio.move_on_at(deadline):
                 await proc.wait_for(start, until)
@@ -172,14 +170,23 @@ async def output(proc: BackgroundProcess, p: ProcessOutputParams, answer: Answer
         # Taken before rendering (which may let other tasks run), so that a concurrent
         # reader of the shared mark starts after this read's output.
         proc.read_mark = max(proc.read_mark, end)
-    text, truncated, dropped = await read_range(proc, start, end, p.max_output_chars)
-    if p.plain:
-        text = strip_escapes(text)
+    rendered = await read_range(proc, start, end, p.max_output_chars)
+    return _output_result(proc, p, end, rendered, await input_wait.waiting(proc))
+
+
+def _start(proc: BackgroundProcess, p: ProcessOutputParams) -> int:
+    """Where a read starts: its `since` or the shared mark. A stale or foreign offset past
+    the end reads from the end rather than waiting for output that may never come."""
+    return min(proc.read_mark if p.since is None else p.since, proc.ring.end)
+
+
+def _output_result(proc: BackgroundProcess, p: ProcessOutputParams, end: int,
+                   rendered: tuple[str, bool, int], waiting: bool) -> ProcessOutputResult:
+    text, truncated, dropped = rendered
     return ProcessOutputResult(
         id=proc.id, status=proc.status, exit_code=proc.job.exit_code,
-        signal=signal_name(proc.job.signal), output=text, next=end,
-        dropped_bytes=dropped, truncated=truncated,
-        waiting_for_input=await input_wait.waiting(proc))
+        signal=signal_name(proc.job.signal), output=strip_escapes(text) if p.plain else text,
+        next=end, dropped_bytes=dropped, truncated=truncated, waiting_for_input=waiting)
 
 
 async def write(proc: BackgroundProcess, p: ProcessWriteParams) -> ProcessWriteResult:
@@ -337,15 +344,10 @@ def output_now(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutput
     waiting = input_wait.waiting_now(proc)
     if waiting is None:
         return None
-    start = min(proc.read_mark if p.since is None else p.since, proc.ring.end)
     end = proc.ring.end
-    rendered = read_range_now(proc, start, end, p.max_output_chars)
+    rendered = read_range_now(proc, _start(proc, p), end, p.max_output_chars)
     if rendered is None:
         return None
     if p.since is None:
         proc.read_mark = max(proc.read_mark, end)
-    text, truncated, dropped = rendered
-    return ProcessOutputResult(
-        id=proc.id, status=proc.status, exit_code=proc.job.exit_code,
-        signal=signal_name(proc.job.signal), output=strip_escapes(text) if p.plain else text,
-        next=end, dropped_bytes=dropped, truncated=truncated, waiting_for_input=waiting)
+    return _output_result(proc, p, end, rendered, waiting)
