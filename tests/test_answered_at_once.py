@@ -5,33 +5,12 @@ come back in the order asked, and they are the answers a task would have given."
 
 from __future__ import annotations
 
-import socket
-import struct
-
-import msgspec
 import pytest
 
+from _pipelined import frame, pipelined
 from conftest import needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.daemon(shared=True)]
-
-
-def frame(request_id: int, method: str, **params) -> bytes:
-    body = msgspec.msgpack.encode({"id": request_id, "method": method, "params": params})
-    return struct.pack(">I", len(body)) + body
-
-
-def pipelined(daemon, *frames: bytes) -> list[dict]:
-    """The replies to `frames`, sent in one write, in the order they came back."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(30)
-        s.connect(daemon.socket)
-        s.sendall(b"".join(frames))
-        replies = []
-        while len(replies) < len(frames):
-            (length,) = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))
-            replies.append(msgspec.msgpack.decode(s.recv(length, socket.MSG_WAITALL)))
-        return replies
 
 
 def wait_exited(client, bg: str) -> None:

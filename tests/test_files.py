@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import test_image_read
-from test_answered_at_once import frame, pipelined
+from _pipelined import frame, pipelined
 from conftest import RunningDaemon, needs_bwrap
 from toolsd.client import ToolsdError
 
