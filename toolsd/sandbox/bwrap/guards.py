@@ -115,7 +115,6 @@ class MountGuard:
             os.close(fd)
 
 
-
 # Guards a round checks between two checkpoints, so that a round over many sandboxes never
 # holds the calls of the daemon for long.
 ROUND_SLICE = 64
@@ -132,9 +131,6 @@ class GuardRounds:
 
     def __init__(self) -> None:
         self._watched: dict[MountGuard, Callable[[list[str]], None]] = {}
-
-    def __len__(self) -> int:
-        return len(self._watched)
 
     async def run(self) -> None:
         while True:
