@@ -25,6 +25,11 @@ def _re2_options(max_mem: int):
 # nothing is cached across requests, so hostile patterns cannot pile up memory).
 _PROBE_OPTIONS = _re2_options(256 << 10)
 _SEARCH_OPTIONS = _re2_options(2 << 20)
+# A program this small leaves the probe's own memory room enough for its DFA, which then
+# searches as fast as one compiled with _SEARCH_OPTIONS: the probe is kept and the pattern
+# is compiled once. A bigger program's DFA would not fit and RE2 would fall back to its
+# slower NFA, so it is compiled again with room.
+PROBE_SEARCHES_UP_TO = 256
 MAX_UNTIL_CHARS = 10_000
 # RE2's cost per byte grows with the compiled program (a Unicode class like \pL alone is
 # ~1,200 instructions): past this, a pattern is refused rather than searched slowly.
@@ -121,6 +126,8 @@ def compile_until(pattern: str) -> UntilPattern:
     size = probe._regexp.ProgramSize()
     if size > MAX_UNTIL_PROGRAM:
         raise ValueError(_too_complex(size))
+    if size <= PROBE_SEARCHES_UP_TO:
+        return UntilPattern(probe, size)
     return UntilPattern(re2._Regexp(source, _SEARCH_OPTIONS), size)
 
 
