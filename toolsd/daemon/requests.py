@@ -46,14 +46,13 @@ class Entry:
     """One admitted request. It is what its handler gets as its tools.answers.Answer, and, for
     a request started without a task, as its tools.answers.Detached."""
 
-    __slots__ = ("request", "scope", "state", "registered", "rest", "method", "params",
+    __slots__ = ("request", "_scope", "state", "registered", "rest", "method", "params",
                  "_after", "_table")
 
     def __init__(self, table: RequestTable, request: Request, registered: bool):
         self.request = request
         self.registered = registered
-        # Only a registered request can be cancelled; the others answer at once.
-        self.scope: trio.CancelScope | None = trio.CancelScope() if registered else None
+        self._scope: trio.CancelScope | None = None  # made on first use (see scope)
         self.state = State.TASK
         # A detached request's rest, in a task (tools.answers.Detached.rest).
         self.rest: Callable[[], Awaitable[object]] | None = None
@@ -63,6 +62,15 @@ class Entry:
         self.params = None
         self._after: list[Callable[[], None]] = []
         self._table = table
+
+    @property
+    def scope(self) -> trio.CancelScope | None:
+        """The scope its task runs in, and that `cancel` cancels. Only a registered request
+        can be cancelled; the others answer at once and have none. Made when first asked
+        for: most requests are answered without a task (or a cancel) ever needing it."""
+        if self._scope is None and self.registered:
+            self._scope = trio.CancelScope()
+        return self._scope
 
     # ------------------------------------------------------------ tools.answers.Answer
 
