@@ -188,6 +188,9 @@ class Connection:
                     entry.method = dispatch.METHODS.get(request.method)
                     if self._answer_now(entry):
                         continue
+                    # A client waiting for this answer sends nothing before it: the next
+                    # read would find nothing, and costs a system call and an exception.
+                    self._socket_reader.wait_next()
                     if entry.registered and self._start_detached(entry):
                         continue
                     if len(frames) == 1:

@@ -37,6 +37,12 @@ class FdReader:
         self._wait_after_short = wait_after_short
         self._drained = False  # the last read was short
 
+    def wait_next(self) -> None:
+        """The next read waits for the descriptor first, as after a short read: for a
+        caller that knows nothing can have come yet (a client waiting for an answer that
+        is not out)."""
+        self._drained = True
+
     async def read(self, max_bytes: int) -> bytes:
         """What is there to read, waiting until something is; b"" at end of file. OSError
         other than EAGAIN is the caller's."""
