@@ -146,6 +146,10 @@ class Method(Generic[P]):
     # its result is the answer, or it returns LATER, having changed nothing, and `handler`
     # runs in a task of its own.
     now: Callable[..., object] | None = None
+    # A pure test on the params, asked before anything else (host_exec's look included):
+    # False, and the request needs a task (`now` is not tried). For a `now` that would say
+    # LATER from its params alone (a read that waits).
+    now_if: Callable[[P], bool] | None = None
 
     def decode(self, request: Request) -> P:
         return decode(self.params, request)
@@ -170,6 +174,8 @@ class Method(Generic[P]):
 
     def call_now(self, sup: Supervisor, params: P, tenant: str) -> object:
         """An instant row's result, or a `now` row's when it has one at once (else LATER)."""
+        if self.now_if is not None and not self.now_if(params):
+            return LATER
         call = Call(sup, None, tenant)
         if self.instant:
             return self.handler(sup, params, call)
@@ -354,7 +360,7 @@ METHODS: Final[dict[str, Method]] = {
                         scope=SESSION),
     "process.start": Method(ProcessStartParams, process_start, ON_SESSION, scope=SESSION),
     "process.output": Method(ProcessOutputParams, process_output, ON_PROCESS, scope=PROCESS,
-                             now=process_output_now),
+                             now=process_output_now, now_if=processes.waits_for_nothing),
     "process.stop": Method(ProcessStopParams, process_stop, ON_PROCESS, scope=PROCESS),
     "process.write": Method(ProcessWriteParams, process_write, ON_PROCESS, scope=PROCESS),
     "process.resize": Method(ProcessResizeParams, process_resize, ON_PROCESS, scope=PROCESS),

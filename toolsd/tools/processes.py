@@ -335,11 +335,16 @@ def _listed(procs: list[BackgroundProcess], shims: list[int | None]) -> ProcessL
     return ProcessListResult(processes=[bg.info(shim) for bg, shim in zip(procs, shims)])
 
 
+def waits_for_nothing(p: ProcessOutputParams) -> bool:
+    """Whether a read has no wait_s and no until: only such a read can be `output_now`."""
+    return not p.wait_s > 0 and p.until is None
+
+
 def output_now(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutputResult | None:
     """process.output that waits for nothing (no wait_s, no until), answered in the event
     loop; None, having changed nothing, when that cannot be (its output renders large, or
     whether the process waits for input needs a look at its tree): `output` then does it."""
-    if p.wait_s > 0 or p.until is not None:
+    if not waits_for_nothing(p):
         return None
     waiting = input_wait.waiting_now(proc)
     if waiting is None:
