@@ -63,6 +63,7 @@ class Connection:
         self.supervisor = supervisor
         self.max_frame = max_frame
         self.tenant = tenant  # whose ids it may name (daemon/tenants.py)
+        self._call_now = dispatch.Call(supervisor, None, tenant)  # see _answer_now
         self.fd = stream.socket.fileno()
         self.send_lock = trio.Lock()
         self.requests = RequestTable(MAX_IN_FLIGHT, start_task=self._start_task,
@@ -176,8 +177,10 @@ class Connection:
                         # A client pipelining many cheap requests would otherwise start
                         # them all before anyone else gets a turn.
                         await trio.lowlevel.checkpoint()
-                    request = await self._decode(body)
-                    if request is None:
+                    try:
+                        request = request_decoder.decode(body)
+                    except _NOT_A_REQUEST as e:
+                        await self.refuse(BAD_FRAME, _not_a_request(e))
                         return
                     entry = self.requests.admit(request)
                     if entry is None:
@@ -244,7 +247,7 @@ class Connection:
                 return False
             try:
                 params = method.admit(self.supervisor, request, self.tenant)
-                result = method.call_now(self.supervisor, params, self.tenant)
+                result = method.call_now(params, self._call_now)
                 if result is dispatch.LATER:
                     entry.params = params
                     return False
@@ -287,17 +290,6 @@ class Connection:
             await self._write(frame)
         finally:
             self.requests.release(entry)
-
-    async def _decode(self, body: bytes) -> Request | None:
-        """The request in a frame; None (and the connection refused) if it is not one."""
-        try:
-            return request_decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
-                ValueError) as e:
-            # RecursionError: a tiny frame of 1,000 nested arrays.
-            await self.refuse(BAD_FRAME, f"a frame must be a msgpack map with an integer id, "
-                                         f"a string method and a params map ({e})")
-            return None
 
     def refuse_busy(self, request: Request) -> Reply:
         if request.method == "cancel":
@@ -378,6 +370,16 @@ class Connection:
         entry.scope.cancel()
         entry.escalate()  # if it has no task: its task, already cancelled, undoes what it started
         return Reply(id=request.id, result={})
+
+
+# What decoding a frame that is not a request raises (RecursionError: a tiny frame of 1,000
+# nested arrays).
+_NOT_A_REQUEST = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError)
+
+
+def _not_a_request(e: Exception) -> str:
+    return (f"a frame must be a msgpack map with an integer id, a string method and a params "
+            f"map ({e})")
 
 
 def _error(id: int, code: str, message: str) -> Reply:

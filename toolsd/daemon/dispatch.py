@@ -172,11 +172,12 @@ class Method(Generic[P]):
             result = await self.handler(target, params, call)
             return await session.reported(result) if self.reports else result
 
-    def call_now(self, sup: Supervisor, params: P, tenant: str) -> object:
-        """An instant row's result, or a `now` row's when it has one at once (else LATER)."""
+    def call_now(self, params: P, call: Call) -> object:
+        """An instant row's result, or a `now` row's when it has one at once (else LATER).
+        `call` has no Answer, so one serves every such request of a connection."""
         if self.now_if is not None and not self.now_if(params):
             return LATER
-        call = Call(sup, None, tenant)
+        sup = call.sup
         if self.instant:
             return self.handler(sup, params, call)
         if self.on is On.DAEMON:
