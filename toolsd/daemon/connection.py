@@ -220,7 +220,8 @@ class Connection:
             return False
         self.requests.detach(entry)
         try:
-            entry.params = method.admit(self.supervisor, request, self.tenant)
+            if entry.params is None:  # else admitted already, by a `now` that said LATER
+                entry.params = method.admit(self.supervisor, request, self.tenant)
             if method.detached(self.supervisor, entry.params, entry):
                 return True
         except (ToolsdError, SandboxError):

@@ -30,8 +30,8 @@ import enum
 from typing import TYPE_CHECKING, Awaitable, Callable, Final, Generic, TypeVar
 
 import msgspec
-import trio
 
+from toolsd.daemon import detached_rows
 from toolsd.daemon import file_methods as fm
 from toolsd.daemon.tenants import LOCAL, Scope, check, visible
 from toolsd.tools import images, processes, repl, shell
@@ -265,17 +265,12 @@ async def process_start(session: Session, p: ProcessStartParams,
 
 async def process_output(proc: BackgroundProcess, p: ProcessOutputParams,
                          call: Call) -> ProcessOutputResult:
-    result = await processes.output(proc, p, call.answer)
-    proc.session.net.report_output(result, proc, moves_mark=p.since is None)  # egress
-    return result
+    return detached_rows.with_egress(proc, p, await processes.output(proc, p, call.answer))
 
 
 def process_output_now(proc: BackgroundProcess, p: ProcessOutputParams, call: Call) -> object:
     result = processes.output_now(proc, p)
-    if result is None:
-        return LATER
-    proc.session.net.report_output(result, proc, moves_mark=p.since is None)  # egress
-    return result
+    return LATER if result is None else detached_rows.with_egress(proc, p, result)
 
 
 async def process_stop(proc: BackgroundProcess, p: ProcessStopParams,
@@ -321,27 +316,6 @@ async def image_read(session: Session, p: ImageReadParams, call: Call) -> ImageR
     return await images.read(session, p)
 
 
-def repl_exec_detached(sup: Supervisor, p: ReplExecParams, detached: Detached) -> bool:
-    session = sup.session(p.session)
-
-    def end() -> None:
-        session.activity.end(trio.current_time())
-
-    # The call is the session's activity until it is answered, by whoever answers it. Not
-    # taken, the request runs the usual way (under session.call), and its Detached with
-    # this hook is dropped.
-    session.activity.begin()
-    detached.after(end)
-    try:
-        started = repl.start_detached(session, p, detached)
-    except BaseException:
-        end()
-        raise
-    if not started:
-        end()
-    return started
-
-
 SESSION, PROCESS = Scope.SESSION, Scope.PROCESS
 
 ON_SESSION, ON_PROCESS = On.SESSION, On.PROCESS
@@ -357,11 +331,12 @@ METHODS: Final[dict[str, Method]] = {
                          now=turn_begin_now),
     "turn.end": Method(TurnEndParams, turn_end, ON_SESSION, scope=SESSION),
     "shell.run": Method(ShellRunParams, shell_run, ON_SESSION, scope=SESSION),
-    "repl.exec": Method(ReplExecParams, repl_exec, ON_SESSION, detached=repl_exec_detached,
+    "repl.exec": Method(ReplExecParams, repl_exec, ON_SESSION, detached=detached_rows.repl_exec,
                         scope=SESSION),
     "process.start": Method(ProcessStartParams, process_start, ON_SESSION, scope=SESSION),
     "process.output": Method(ProcessOutputParams, process_output, ON_PROCESS, scope=PROCESS,
-                             now=process_output_now, now_if=processes.waits_for_nothing),
+                             now=process_output_now, now_if=processes.waits_for_nothing,
+                             detached=detached_rows.process_output),
     "process.stop": Method(ProcessStopParams, process_stop, ON_PROCESS, scope=PROCESS),
     "process.write": Method(ProcessWriteParams, process_write, ON_PROCESS, scope=PROCESS),
     "process.resize": Method(ProcessResizeParams, process_resize, ON_PROCESS, scope=PROCESS),

@@ -99,6 +99,10 @@ class Entry:
 
     # ------------------------------------------------------------ tools.answers.Detached
 
+    @property
+    def can_finish(self) -> bool:
+        return self.state is State.DETACHED
+
     def finish(self, result: object) -> bool:
         if self.state is not State.DETACHED:
             return False  # a task has it: that task answers

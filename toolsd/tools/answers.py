@@ -50,6 +50,11 @@ class Detached(Answer, Protocol):
     # its result or raising as a handler does, within the request's cancel scope.
     rest: Callable[[], Awaitable[object]] | None
 
+    @property
+    def can_finish(self) -> bool:
+        """Whether `finish` would answer now: no task has the request, and it is not
+        answered. For a tool that must know before it changes anything for the answer."""
+
     def finish(self, result: object) -> bool:
         """Answer with `result`, unless a task has the request now (False: that task will
         answer). Synchronous; never raises."""

@@ -106,6 +106,8 @@ class BackgroundProcess:
         self.output_done = trio.Event()  # the pipe reached EOF (or the session ended)
         self.finished = trio.Event()  # exited, and its last output read (or drain time over)
         self._changed = trio.Event()
+        # Reads waiting without a task (waiting_read.py), told of each change at once.
+        self._waiters: list = []
         self._forgotten = trio.Event()
         self._oom_kills_before = oom_kills_before  # the session's, as it started
         self._cpu_samples: dict[int, tuple[psutil.Process, float, float]] = {}
@@ -141,6 +143,18 @@ class BackgroundProcess:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+        if self._waiters:
+            for waiter in tuple(self._waiters):  # a waiter answered leaves the list
+                waiter.changed()
+
+    def add_waiter(self, waiter) -> None:
+        """`waiter.changed()` is called in the pass that changes the process (new output,
+        its exit, its output's end), until `remove_waiter`."""
+        self._waiters.append(waiter)
+
+    def remove_waiter(self, waiter) -> None:
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
 
     def feed(self, data: bytes) -> None:
         self.ring.append(data)

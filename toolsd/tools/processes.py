@@ -147,7 +147,7 @@ async def output(proc: BackgroundProcess, p: ProcessOutputParams, answer: Answer
         return await _output_streamed(proc, p, answer)
     deadline = trio.current_time() + p.wait_s
     while True:
-        start = _start(proc, p)
+        start = read_start(proc, p)
         if p.wait_s > 0:
             with trio.move_on_at(deadline):
                 await proc.wait_for(start, until)
@@ -171,16 +171,16 @@ async def output(proc: BackgroundProcess, p: ProcessOutputParams, answer: Answer
         # reader of the shared mark starts after this read's output.
         proc.read_mark = max(proc.read_mark, end)
     rendered = await read_range(proc, start, end, p.max_output_chars)
-    return _output_result(proc, p, end, rendered, await input_wait.waiting(proc))
+    return output_result(proc, p, end, rendered, await input_wait.waiting(proc))
 
 
-def _start(proc: BackgroundProcess, p: ProcessOutputParams) -> int:
+def read_start(proc: BackgroundProcess, p: ProcessOutputParams) -> int:
     """Where a read starts: its `since` or the shared mark. A stale or foreign offset past
     the end reads from the end rather than waiting for output that may never come."""
     return min(proc.read_mark if p.since is None else p.since, proc.ring.end)
 
 
-def _output_result(proc: BackgroundProcess, p: ProcessOutputParams, end: int,
+def output_result(proc: BackgroundProcess, p: ProcessOutputParams, end: int,
                    rendered: tuple[str, bool, int], waiting: bool) -> ProcessOutputResult:
     text, truncated, dropped = rendered
     return ProcessOutputResult(
@@ -350,9 +350,9 @@ def output_now(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutput
     if waiting is None:
         return None
     end = proc.ring.end
-    rendered = read_range_now(proc, _start(proc, p), end, p.max_output_chars)
+    rendered = read_range_now(proc, read_start(proc, p), end, p.max_output_chars)
     if rendered is None:
         return None
     if p.since is None:
         proc.read_mark = max(proc.read_mark, end)
-    return _output_result(proc, p, end, rendered, waiting)
+    return output_result(proc, p, end, rendered, waiting)
