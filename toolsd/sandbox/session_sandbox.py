@@ -195,14 +195,12 @@ class Sandbox:
         default)."""
         if self._starts_after is not None and not self._starts_after.is_set():
             await self._starts_after.wait()
-        if request.rlimits is None:
-            request = dataclasses.replace(request, rlimits=self.rlimits)
         what = what or (request.argv[0] if request.argv else "the command")
         try:
             if self.launcher is None:
                 raise LauncherDied("the sandbox is not running")
             with trio.move_on_after(SPAWN_TIMEOUT_S) as waited:
-                job = await self.launcher.spawn(request)
+                job = await self.launcher.spawn(request, rlimits=self.rlimits)
             if waited.cancelled_caught:
                 # The launcher answers in milliseconds; one that does not is stuck
                 # (unsandboxed, a command of the session can stop it; sandboxed, the host

@@ -274,28 +274,28 @@ class Launcher:
 
     # ------------------------------------------------------------ requests
 
-    async def spawn(self, request: SpawnRequest) -> Job:
-        """Start what `request` asks in the sandbox, in its own session. Returns once the
-        command runs. LauncherError says why it could not start. Without `want_pid` job.pid
-        stays -1 (the command and its tree are still reached through the shim). With `held`
-        the shim stays this job's until `job.let_go()`, even once the job is done: a caller
-        can answer first, and wake the shim for its next job after. With `tty`, the
-        terminal's master side is in job.terminal_fd, the caller's."""
+    async def spawn(self, request: SpawnRequest, *, rlimits=None) -> Job:
+        """Start what `request` asks in the sandbox, in its own session, with `rlimits` (a
+        Sandbox's) unless it has its own. Returns once the command runs. LauncherError says why it
+        could not start. Without `want_pid` job.pid stays -1 (the command and its tree are still
+        reached through the shim). With `held` the shim stays this job's until `job.let_go()`, even
+        once the job is done: a caller can answer first, and wake the shim for its next job after.
+        With `tty`, the terminal's master side is in job.terminal_fd, the caller's."""
         r = request
         if not r.argv:
             raise LauncherError("empty command: give at least the program to run")
-        tries = 1
-        while (job := await self._spawn_once(r, last_try=tries == SPAWN_TRIES)) is None:
+        rlimits, tries = (r.rlimits if r.rlimits is not None else rlimits), 1
+        while (job := await self._spawn_once(r, rlimits, tries == SPAWN_TRIES)) is None:
             tries += 1
         return job
 
-    async def _spawn_once(self, r: SpawnRequest, *, last_try: bool) -> Job | None:
+    async def _spawn_once(self, r: SpawnRequest, rlimits, last_try: bool) -> Job | None:
         """One spawn request; None if the sandbox's code killed the shim that took it before
         it ran the command (and this is not the `last_try`): it may be sent again."""
         self._check_alive()
         job = Job(next(self._numbers), [str(a) for a in r.argv], r.want_pid, r.held)
         self._jobs[job.job] = job
-        msg = spawn_message(job.job, job.argv, r.cwd, r.env, r.rlimits, ack=r.want_pid,
+        msg = spawn_message(job.job, job.argv, r.cwd, r.env, rlimits, ack=r.want_pid,
                             tty=r.tty, resume=r.resume_stopped)
         fds = [r.stdin, r.stdout, r.stderr, *r.extra_fds]
         try:
