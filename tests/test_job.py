@@ -207,3 +207,25 @@ async def test_waiters_wake_on_the_move():
         assert woken == ["answered", "exited"]
         job.finished()
     assert woken == ["answered", "exited", "done"]
+
+
+async def test_the_exit_cancels_a_scope_waiting_on_the_output(hold):
+    # shell.run reads a command's output in its own task, and the exit ends that read.
+    job = Job(1, ["sh"], want_pid=False)
+    job.started(shim_pid=100, hold_fd=hold.w)
+    reading = trio.CancelScope()
+    job.cancel_on_exit(reading)
+    assert not reading.cancel_called
+    job.ended(0, None, done=False)
+    assert reading.cancel_called
+    late = trio.CancelScope()  # asked after the exit: cancelled at once
+    job.cancel_on_exit(late)
+    assert late.cancel_called
+
+
+async def test_a_launcher_death_cancels_the_scope_too():
+    job = Job(1, ["sh"])
+    reading = trio.CancelScope()
+    job.cancel_on_exit(reading)
+    job.launcher_died()
+    assert reading.cancel_called and job.lost

@@ -103,6 +103,7 @@ class Job:
         self.answered = trio.Event()
         self.exited = trio.Event()
         self.done = trio.Event()
+        self._exit_scopes: list[trio.CancelScope] = []  # see cancel_on_exit
         self._started_at = 0.0
         self._hold = _Hold(held)
 
@@ -113,6 +114,9 @@ class Job:
         self.state = to
         if to in _EXITED:
             self.exited.set()
+            scopes, self._exit_scopes = self._exit_scopes, []
+            for scope in scopes:
+                scope.cancel()
         if to in _OVER:
             self.done.set()
             self._hold.release_if_unused()
@@ -184,6 +188,16 @@ class Job:
         self.abandoned = True
         self.let_go()
         self.close_terminal()
+
+    def cancel_on_exit(self, scope: trio.CancelScope) -> None:
+        """Cancel `scope` once the command has exited (at once if it has): a task can read
+        the command's output in it and be woken by the exit, with no task of its own waiting
+        for the exit (a task is a pass of the scheduler more). Cancelling a scope that has
+        ended does nothing."""
+        if self.exited.is_set():
+            scope.cancel()
+        else:
+            self._exit_scopes.append(scope)
 
     def close_terminal(self) -> None:
         if self.terminal_fd != -1:
