@@ -213,6 +213,20 @@ class Job:
                                f"close the session and open a new one")
         return self.exit_code, self.signal
 
+    async def wait_answered(self, stall_s: float, on_stall, deadline: float) -> None:
+        """Until the launcher has answered the spawn (`answered`), awaiting `on_stall()` each
+        time `stall_s` passes without an answer; trio.TooSlowError at `deadline` (trio's
+        clock). One cancel scope a wait, whose deadline is the nearer of the two: a
+        scope is a good part of a spawn's Python."""
+        while True:
+            with trio.CancelScope(deadline=min(trio.current_time() + stall_s, deadline)):
+                await self.answered.wait()
+            if self.answered.is_set():
+                return
+            if trio.current_time() >= deadline:
+                raise trio.TooSlowError
+            await on_stall()
+
     @contextlib.contextmanager
     def holding_tree(self) -> Iterator[int | None]:
         """The host pid of the shim at the top of this job's tree, every process below it
