@@ -176,8 +176,8 @@ async def _collect(job: Job, read_fd: int, sink, live: LiveOutput | None, timeou
     orphans = 0
     try:
         eof = False
-        # One scope ends both waits: the command's exit, or its timeout (an exit in
-        # time is one). Nothing else cancels it.
+        # One scope for the whole wait: the command's exit cancels it, and so does the
+        # timeout; `job.exited` tells which (an exit that came with the timeout counts).
         with trio.move_on_after(timeout_s) as until_exit:
             job.cancel_on_exit(until_exit)
             await read_into(reader, sink, room)
