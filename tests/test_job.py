@@ -207,3 +207,46 @@ async def test_waiters_wake_on_the_move():
         assert woken == ["answered", "exited"]
         job.finished()
     assert woken == ["answered", "exited", "done"]
+
+
+async def test_the_exit_cancels_a_scope_waiting_on_the_output(hold):
+    # shell.run reads a command's output in its own task, and the exit ends that read.
+    job = Job(1, ["sh"], want_pid=False)
+    job.started(shim_pid=100, hold_fd=hold.w)
+    reading = trio.CancelScope()
+    job.cancel_on_exit(reading)
+    assert not reading.cancel_called
+    job.ended(0, None, done=False)
+    assert reading.cancel_called
+    late = trio.CancelScope()  # asked after the exit: cancelled at once
+    job.cancel_on_exit(late)
+    assert late.cancel_called
+
+
+async def test_a_launcher_death_cancels_the_scope_too():
+    job = Job(1, ["sh"])
+    reading = trio.CancelScope()
+    job.cancel_on_exit(reading)
+    job.launcher_died()
+    assert reading.cancel_called and job.lost
+
+
+async def test_a_spawn_waits_for_its_answer_resuming_stalls_until_its_deadline(autojump_clock):
+    # Launcher.spawn's one wait: on_stall each stall_s without an answer (the launcher
+    # resumes stopped spawns then), and the launcher is stuck at the deadline. (trio's
+    # clock jumps: nothing here waits for real time.)
+    job = Job(1, ["sh"])
+    stalls = []
+
+    async def on_stall():
+        stalls.append(trio.current_time())
+
+    with pytest.raises(trio.TooSlowError):
+        await job.wait_answered(1, on_stall, trio.current_time() + 3.5)
+    assert len(stalls) == 3 and not job.answered.is_set()
+
+    async def answer_on_first_stall():
+        job.failed("no such program")
+
+    await job.wait_answered(1, answer_on_first_stall, trio.current_time() + 60)
+    assert job.state is JobState.FAILED

@@ -13,7 +13,6 @@ copies by then, so its exit gives ours EOF); ours only if the block raised (canc
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 from typing import TypeVar
@@ -32,18 +31,21 @@ def _close(fd) -> None:
 
 
 class ChildFds:
+    """Two lists, not ExitStacks: a spawn makes one or two of these on every call, and an
+    ExitStack's callbacks cost several Python calls each."""
+
     def __init__(self) -> None:
-        self._always = contextlib.ExitStack()
-        self._on_failure = contextlib.ExitStack()
+        self._always: list = []
+        self._on_failure: list = []
 
     def child(self, fd: Fd) -> Fd:
         """`fd` is the child's: closed here when the block ends."""
-        self._always.callback(_close, fd)
+        self._always.append(fd)
         return fd
 
     def ours(self, fd: Fd) -> Fd:
         """`fd` is the caller's once the start succeeds: closed here only if it fails."""
-        self._on_failure.callback(_close, fd)
+        self._on_failure.append(fd)
         return fd
 
     def socketpair(self, kind: int = socket.SOCK_STREAM) -> tuple[socket.socket, socket.socket]:
@@ -66,10 +68,15 @@ class ChildFds:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
-        try:
-            if kind is not None:
-                self._on_failure.close()
-            else:
-                self._on_failure.pop_all()
-        finally:
-            self._always.close()
+        # Every one is closed (those given for a failure first, each list last given first),
+        # even if closing one fails; the first failure is raised once all are closed.
+        fds = self._always if kind is None else self._always + self._on_failure
+        self._always, self._on_failure = [], []
+        failure = None
+        for fd in reversed(fds):
+            try:
+                _close(fd)
+            except BaseException as e:  # noqa: BLE001 - raised below, once all are closed
+                failure = failure or e
+        if failure is not None:
+            raise failure

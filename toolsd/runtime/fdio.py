@@ -29,13 +29,14 @@ class FdReader:
     """`wait_after_short`: after a read that took less than it asked, the next read waits for
     the descriptor first rather than failing with EAGAIN (a system call and an exception
     saved). Right where data comes in separate bursts, like a command's output; slower on the
-    client socket, where the next request often follows the reply at once."""
+    client socket, where the next request often follows the reply at once. `wait_first`: the
+    first read waits too, as for the pipe of a command that has only just started."""
 
-    def __init__(self, fd: int, *, wait_after_short: bool = False):
+    def __init__(self, fd: int, *, wait_after_short: bool = False, wait_first: bool = False):
         self.fd = fd
         self._streak = 0  # reads in a row that found data without waiting
         self._wait_after_short = wait_after_short
-        self._drained = False  # the last read was short
+        self._drained = wait_first  # the last read was short: the next one waits first
 
     def wait_next(self) -> None:
         """The next read waits for the descriptor first, as after a short read: for a

@@ -195,20 +195,22 @@ class Sandbox:
         default)."""
         if self._starts_after is not None and not self._starts_after.is_set():
             await self._starts_after.wait()
-        if request.rlimits is None:
-            request = dataclasses.replace(request, rlimits=self.rlimits)
         what = what or (request.argv[0] if request.argv else "the command")
         try:
             if self.launcher is None:
                 raise LauncherDied("the sandbox is not running")
-            with trio.move_on_after(SPAWN_TIMEOUT_S) as waited:
-                job = await self.launcher.spawn(request)
-            if waited.cancelled_caught:
+            try:
+                # The deadline rides along rather than a scope around the call: the wait for
+                # the answer has a scope of its own already (Job.wait_answered).
+                job = await self.launcher.spawn(
+                    request, rlimits=self.rlimits,
+                    deadline=trio.current_time() + SPAWN_TIMEOUT_S)
+            except trio.TooSlowError:
                 # The launcher answers in milliseconds; one that does not is stuck
                 # (unsandboxed, a command of the session can stop it; sandboxed, the host
                 # can). Nothing can be started or supervised there any more: end it.
                 await self.launcher.aclose()
-                raise LauncherDied("the launcher did not answer")
+                raise LauncherDied("the launcher did not answer") from None
         except LauncherDied:
             raise SandboxError(Fault.CLOSED, "the session is closed or its sandbox died; "
                                "open a new session") from None

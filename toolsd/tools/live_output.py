@@ -135,13 +135,18 @@ class LiveOutput:
         await self._done.wait()
 
 
-@contextlib.asynccontextmanager
-async def sending(live: LiveOutput | None):
+def sending(live: LiveOutput | None) -> contextlib.AbstractAsyncContextManager:
     """Run `live`'s sender (if any) while the body runs, which ends with `live.finish()`
-    (else the sender is stopped). The body's own error comes out as it is, not in a group."""
-    if live is None:
-        yield
-        return
+    (else the sender is stopped). The body's own error comes out as it is, not in a group.
+    Without `live`, a context that does nothing (and costs no generator)."""
+    return _NOT_SENDING if live is None else _sending(live)
+
+
+_NOT_SENDING = contextlib.nullcontext()
+
+
+@contextlib.asynccontextmanager
+async def _sending(live: LiveOutput):
     error = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(live.send)

@@ -17,7 +17,8 @@ import trio
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.tools.live_output import LiveOutput, sending
 from toolsd.tools.output import HeadTail
-from toolsd.sandbox.launch.spawning import end_tree, pump, signal_name, spawn_shell
+from toolsd.runtime.fdio import FdReader
+from toolsd.sandbox.launch.spawning import end_tree, pump, read_into, signal_name, spawn_shell
 from toolsd.tools.answers import Answer
 from toolsd.tools.spill import tee
 from toolsd.wire.protocol import SESSION_CLOSED, ShellRunParams, ShellRunResult, ToolsdError
@@ -100,53 +101,32 @@ async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParam
                   started: float, oom_kills: int | None, cwd_fd: int | None,
                   spill: Spill | None, live: LiveOutput | None) -> ShellRunResult:
     """Collect the output and the end of a shell.run's command, ending what it leaves.
-    `oom_kills`: the session's count before the command started (SessionView.memory_note).
-    `live`: the output's way to a streaming client, which holds the command while the
-    client is slow, up to the command's end (tools/live_output.py)."""
+    Closes `read_fd` and `cwd_fd`. `oom_kills`: the session's count before the command
+    started (SessionView.memory_note). `live`: the output's way to a streaming client, which
+    holds the command while the client is slow, up to the command's end
+    (tools/live_output.py)."""
     out = HeadTail(p.max_output_chars)
     sink = out.feed if spill is None else tee(out.feed, spill.feed)
     if live is not None:
         sink = tee(sink, live.feed)
     cwd_report = bytearray()
-    timed_out = False
-    orphans = 0
     try:
-        async with trio.open_nursery() as nursery:
-            reader_done = trio.Event()
+        if cwd_fd is None:  # the usual case: no nursery, no task besides this one
+            timed_out, orphans = await _collect(job, read_fd, sink, live, p.timeout_s)
+        else:
+            async with trio.open_nursery() as nursery:
+                cwd_done = trio.Event()
 
-            async def read_all():
-                try:
-                    if cwd_fd is None:  # the usual case: no nursery of its own to pass through
-                        await pump(read_fd, sink, live and live.room)
-                        return
-                    async with trio.open_nursery() as readers:
-                        readers.start_soon(pump, read_fd, sink, live and live.room)
-                        readers.start_soon(pump, cwd_fd, _bounded(cwd_report))
-                finally:
-                    reader_done.set()
+                async def read_cwd() -> None:
+                    try:
+                        await pump(cwd_fd, _bounded(cwd_report))
+                    finally:
+                        cwd_done.set()
 
-            nursery.start_soon(read_all)
-            if not job.exited.is_set():  # it often is: `started` and `exited` read together
-                with trio.move_on_after(p.timeout_s) as deadline:
-                    await job.exited.wait()
-                timed_out = deadline.cancelled_caught
-            if timed_out:
-                orphans = max(0, (await end_tree(job, KILL_GRACE_S))[0] - 1)
-            else:
-                # The shim reports `done` as soon as nothing of the tree is left: the usual
-                # case, and then there is nothing to look for. (Set events are not waited
-                # for: a wait is a pass through the scheduler even then.)
-                if not job.done.is_set():
-                    with trio.move_on_after(LEFTOVER_CHECK_S):
-                        await job.done.wait()
-                if not job.done.is_set():
-                    orphans = (await end_tree(job, 0))[0]
-            if live is not None:
-                live.release()  # the drain below is bounded in time, not by the client
-            if not reader_done.is_set():
-                with trio.move_on_after(DRAIN_S):
-                    await reader_done.wait()
-            nursery.cancel_scope.cancel()
+                nursery.start_soon(read_cwd)
+                timed_out, orphans = await _collect(job, read_fd, sink, live, p.timeout_s,
+                                                    cwd_done)
+                nursery.cancel_scope.cancel()
     finally:
         if not job.exited.is_set():
             # Cancelled (the client went away, or a `cancel` request): the tree goes too.
@@ -177,6 +157,58 @@ async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParam
         output_file=spill.finish(truncated) if spill is not None else None,
         cwd_after=None if cwd_fd is None or killed else reported_cwd(bytes(cwd_report)),
     )
+
+
+async def _collect(job: Job, read_fd: int, sink, live: LiveOutput | None, timeout_s: float,
+                   cwd_done: trio.Event | None = None) -> tuple[bool, int]:
+    """Read the command's output into `sink` until it exits (or times out), end what it
+    left, and drain what is left in the pipe for at most DRAIN_S (and the cwd report's, until
+    `cwd_done`); closes `read_fd`. (timed out, processes ended after the exit).
+
+    The output is read in this task, which the command's exit wakes (Job.cancel_on_exit):
+    a reader task of its own, and the nursery it needs, were two passes of the scheduler
+    more on every call. The pipe's end (EOF) usually comes first, and then the exit is
+    waited for as such."""
+    os.set_blocking(read_fd, False)
+    # The command has only just started: nothing to read yet, so the first read waits.
+    reader = FdReader(read_fd, wait_after_short=True, wait_first=True)
+    room = live.room if live is not None else None
+    orphans = 0
+    try:
+        eof = False
+        # One scope for the whole wait: the command's exit cancels it, and so does the
+        # timeout; `job.exited` tells which (an exit that came with the timeout counts).
+        with trio.move_on_after(timeout_s) as until_exit:
+            job.cancel_on_exit(until_exit)
+            await read_into(reader, sink, room)
+            eof = True
+            if not job.exited.is_set():
+                await job.exited.wait()
+        timed_out = not job.exited.is_set()
+        if timed_out:
+            orphans = max(0, (await end_tree(job, KILL_GRACE_S))[0] - 1)
+        else:
+            # The shim reports `done` as soon as nothing of the tree is left: the usual
+            # case, and then there is nothing to look for. (Set events are not waited
+            # for: a wait is a pass through the scheduler even then.)
+            if not job.done.is_set():
+                with trio.move_on_after(LEFTOVER_CHECK_S):
+                    await job.done.wait()
+            if not job.done.is_set():
+                orphans = (await end_tree(job, 0))[0]
+        if live is not None:
+            live.release()  # the drain below is bounded in time, not by the client
+        if not eof or (cwd_done is not None and not cwd_done.is_set()):
+            with trio.move_on_after(DRAIN_S):
+                if not eof:
+                    await read_into(reader, sink, room)
+                if cwd_done is not None:
+                    await cwd_done.wait()
+    finally:
+        # Nothing waits on it (this task's waits are over), and trio forgets a descriptor
+        # once its wait ends: a plain close, with no notify_closing (and its epoll_ctl).
+        os.close(read_fd)
+    return timed_out, orphans
 
 
 def _bounded(buf: bytearray):

@@ -28,6 +28,7 @@ import dataclasses
 import errno
 import logging
 import os
+import re
 
 log = logging.getLogger("toolsd.cgroups")
 
@@ -79,11 +80,12 @@ OPTIONAL_FILES = ("memory.memsw.limit_in_bytes", "memory.swap.max")
 def oom_kill_count(text: str) -> int | None:
     """The `oom_kill N` line of a v1 memory.oom_control or a v2 memory.events text (kernels
     from 4.13 have it); None without one."""
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill" and value.strip().isdigit():
-            return int(value)
-    return None
+    found = _OOM_KILL_LINE.search(text)
+    return int(found[1]) if found else None
+
+
+# One search rather than a split of every line: it is read before and after every call.
+_OOM_KILL_LINE = re.compile(r"^oom_kill[ \t]+(\d+)[ \t]*$", re.MULTILINE | re.ASCII)
 
 
 def join_argv(folders: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import errno
 import marshal
+import math
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -193,9 +194,11 @@ class Channel:
             return UNREADABLE, []
         return msg, fds
 
-    async def send(self, msg: dict, fds: Sequence[int] = (), *, spawn: bool = False) -> None:
+    async def send(self, msg: dict, fds: Sequence[int] = (), *, spawn: bool = False,
+                   deadline: float = math.inf) -> None:
         """Send `msg` with `fds` (on the spawn socket if `spawn`). LauncherError if it is too
-        large to send; OSError or trio.ClosedResourceError if the channel failed."""
+        large to send; OSError or trio.ClosedResourceError if the channel failed;
+        trio.TooSlowError if the socket stays full until `deadline` (trio's clock)."""
         data = marshal.dumps(msg)
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         sock, lock = (self._spawn_raw, self._spawn_lock) if spawn else (self._raw,
@@ -212,7 +215,8 @@ class Channel:
                     sock.sendmsg([data], anc)
                     break
                 except BlockingIOError:
-                    await trio.lowlevel.wait_writable(sock)
+                    with trio.fail_at(deadline):  # a scope only when it must wait
+                        await trio.lowlevel.wait_writable(sock)
         except OSError as e:
             if e.errno == errno.EMSGSIZE:
                 raise LauncherError(f"the command and its environment are too large to "

@@ -103,6 +103,7 @@ class Job:
         self.answered = trio.Event()
         self.exited = trio.Event()
         self.done = trio.Event()
+        self._exit_scopes: list[trio.CancelScope] = []  # see cancel_on_exit
         self._started_at = 0.0
         self._hold = _Hold(held)
 
@@ -113,6 +114,9 @@ class Job:
         self.state = to
         if to in _EXITED:
             self.exited.set()
+            scopes, self._exit_scopes = self._exit_scopes, []
+            for scope in scopes:
+                scope.cancel()
         if to in _OVER:
             self.done.set()
             self._hold.release_if_unused()
@@ -185,6 +189,16 @@ class Job:
         self.let_go()
         self.close_terminal()
 
+    def cancel_on_exit(self, scope: trio.CancelScope) -> None:
+        """Cancel `scope` once the command has exited (at once if it has): a task can read
+        the command's output in it and be woken by the exit, with no task of its own waiting
+        for the exit (a task is a pass of the scheduler more). Cancelling a scope that has
+        ended does nothing."""
+        if self.exited.is_set():
+            scope.cancel()
+        else:
+            self._exit_scopes.append(scope)
+
     def close_terminal(self) -> None:
         if self.terminal_fd != -1:
             os.close(self.terminal_fd)
@@ -198,6 +212,20 @@ class Job:
             raise LauncherDied(f"the sandbox launcher died before {self.argv[0]!r} exited; "
                                f"close the session and open a new one")
         return self.exit_code, self.signal
+
+    async def wait_answered(self, stall_s: float, on_stall, deadline: float) -> None:
+        """Until the launcher has answered the spawn (`answered`), awaiting `on_stall()` each
+        time `stall_s` passes without an answer; trio.TooSlowError at `deadline` (trio's
+        clock). One cancel scope a wait, whose deadline is the nearer of the two: a
+        scope is a good part of a spawn's Python."""
+        while True:
+            with trio.CancelScope(deadline=min(trio.current_time() + stall_s, deadline)):
+                await self.answered.wait()
+            if self.answered.is_set():
+                return
+            if trio.current_time() >= deadline:
+                raise trio.TooSlowError
+            await on_stall()
 
     @contextlib.contextmanager
     def holding_tree(self) -> Iterator[int | None]:

@@ -8,8 +8,10 @@ in driver/launcher.py.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import math
 import os
 import signal
 import socket
@@ -134,9 +136,10 @@ class Launcher:
 
     # ------------------------------------------------------------ channel
 
-    async def _send(self, msg: dict, fds: Sequence[int] = (), *, spawn: bool = False) -> None:
+    async def _send(self, msg: dict, fds: Sequence[int] = (), *, spawn: bool = False,
+                    deadline: float = math.inf) -> None:
         try:
-            await self._channel.send(msg, fds, spawn=spawn)
+            await self._channel.send(msg, fds, spawn=spawn, deadline=deadline)
         except (OSError, trio.ClosedResourceError) as e:
             self._mark_dead(f"the sandbox launcher's channel failed: {e}")
             raise LauncherDied(self._death) from None
@@ -274,32 +277,33 @@ class Launcher:
 
     # ------------------------------------------------------------ requests
 
-    async def spawn(self, request: SpawnRequest) -> Job:
-        """Start what `request` asks in the sandbox, in its own session. Returns once the
-        command runs. LauncherError says why it could not start. Without `want_pid` job.pid
-        stays -1 (the command and its tree are still reached through the shim). With `held`
-        the shim stays this job's until `job.let_go()`, even once the job is done: a caller
-        can answer first, and wake the shim for its next job after. With `tty`, the
+    async def spawn(self, request: SpawnRequest, *, rlimits=None, deadline=math.inf) -> Job:
+        """Start what `request` asks in the sandbox, in its own session, with `rlimits` (a
+        Sandbox's) unless it has its own. Returns once the command runs. LauncherError says why it
+        could not start; trio.TooSlowError at `deadline` (trio's clock) that the launcher is stuck.
+        Without `want_pid` job.pid stays -1 (the command and its tree are still reached through the
+        shim). With `held` the shim stays this job's until `job.let_go()`, even once the job is
+        done: a caller can answer first, and wake the shim for its next job after. With `tty`, the
         terminal's master side is in job.terminal_fd, the caller's."""
         r = request
         if not r.argv:
             raise LauncherError("empty command: give at least the program to run")
-        tries = 1
-        while (job := await self._spawn_once(r, last_try=tries == SPAWN_TRIES)) is None:
+        rlimits, tries = (r.rlimits if r.rlimits is not None else rlimits), 1
+        while (job := await self._spawn_once(r, rlimits, tries == SPAWN_TRIES, deadline)) is None:
             tries += 1
         return job
 
-    async def _spawn_once(self, r: SpawnRequest, *, last_try: bool) -> Job | None:
-        """One spawn request; None if the sandbox's code killed the shim that took it before
-        it ran the command (and this is not the `last_try`): it may be sent again."""
+    async def _spawn_once(self, r: SpawnRequest, rlimits, last_try: bool, deadline) -> Job | None:
+        """One spawn request (as `spawn`); None if the sandbox's code killed the shim that took it
+        before it ran the command (and this is not the `last_try`): it may be sent again."""
         self._check_alive()
         job = Job(next(self._numbers), [str(a) for a in r.argv], r.want_pid, r.held)
         self._jobs[job.job] = job
-        msg = spawn_message(job.job, job.argv, r.cwd, r.env, r.rlimits, ack=r.want_pid,
+        msg = spawn_message(job.job, job.argv, r.cwd, r.env, rlimits, ack=r.want_pid,
                             tty=r.tty, resume=r.resume_stopped)
         fds = [r.stdin, r.stdout, r.stderr, *r.extra_fds]
         try:
-            await self._send(msg, fds, spawn=True)
+            await self._send(msg, fds, spawn=True, deadline=deadline)
         except BaseException:
             del self._jobs[job.job]  # never sent: nothing will answer for it
             raise
@@ -307,12 +311,8 @@ class Launcher:
             # A command may stop the shim that started it before that says `started`, or
             # the reader before it takes the request: the launcher resumes its shims. Not
             # a command between its fork and its exec, which its shim waits for.
-            while True:
-                with trio.move_on_after(SPAWN_STALL_S):
-                    await job.answered.wait()
-                if job.answered.is_set():
-                    break
-                await trio.to_thread.run_sync(self._wrapper.resume_stopped_spawns)
+            await job.wait_answered(SPAWN_STALL_S, functools.partial(
+                trio.to_thread.run_sync, self._wrapper.resume_stopped_spawns), deadline)
         except BaseException:
             # Cancelled after the request went out: the command may start anyway, with nobody
             # left to stop it, so it is killed as soon as it does (see _dispatch); if it has

@@ -37,24 +37,29 @@ def signal_name(number: int | None) -> str | None:
 
 
 async def pump(fd: int, sink, room=None) -> None:
-    """Read `fd` into `sink(bytes)` until EOF. Closes the fd. `room()`, if given, is awaited
-    after each sink: a sink that cannot take more for now holds the writer in its pipe."""
+    """Read `fd` into `sink(bytes)` until EOF (read_into). Closes the fd."""
     os.set_blocking(fd, False)
-    reader = FdReader(fd, wait_after_short=True)
     try:
-        while True:
-            try:
-                data = await reader.read(READ_SIZE)
-            except OSError:
-                return
-            if not data:
-                return
-            sink(data)
-            if room is not None:
-                await room()
+        await read_into(FdReader(fd, wait_after_short=True), sink, room)
     finally:
         trio.lowlevel.notify_closing(fd)
         os.close(fd)
+
+
+async def read_into(reader: FdReader, sink, room=None) -> None:
+    """Read `reader` into `sink(bytes)` until EOF (a read error ends it as EOF does). `room()`,
+    if given, is awaited after each sink: a sink that cannot take more for now holds the
+    writer in its pipe. Cancelled, it has lost nothing: what it read is in the sink."""
+    while True:
+        try:
+            data = await reader.read(READ_SIZE)
+        except OSError:
+            return
+        if not data:
+            return
+        sink(data)
+        if room is not None:
+            await room()
 
 
 def open_devnull() -> int:
