@@ -538,10 +538,13 @@ def test_network_denied_on_repl_exec_and_process_output(world, session):
     turn = world.client.turn_begin(session)["turn"]
     code = ("import urllib.request\ntry:\n    urllib.request.urlopen("
             f"'http://evil.test:{world.port}/')\nexcept Exception as e:\n    print(e)")
-    r = world.client.repl_exec(session, turn, code)
-    assert "403" in r["output"]
-    assert r["network_denied"] == [
-        f"evil.test:{world.port}: evil.test is not in the session's allow list"]
+    # The first starts the interpreter; the second finds it idle, and is answered by the
+    # read of its output (no task of its own): both say what was refused.
+    for _ in range(2):
+        r = world.client.repl_exec(session, turn, code)
+        assert "403" in r["output"]
+        assert r["network_denied"] == [
+            f"evil.test:{world.port}: evil.test is not in the session's allow list"]
     world.client.turn_end(session, turn)
     bg = world.client.process_start(session, curl(f"http://other.test:{world.port}/"))["id"]
     wait_for(lambda: world.client.process_output(bg, since=0)["status"] == "exited")

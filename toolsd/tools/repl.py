@@ -239,7 +239,7 @@ class Repl:
         run = Run(self, interp, p, False, time.monotonic())
         self._lock.acquire_nowait()
         self._begin(run)
-        run.host_exec_now = session.repositories.look_now
+        run.session = session
 
         async def rest() -> ReplExecResult:
             return await session.reported(await run.finish())

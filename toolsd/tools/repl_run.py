@@ -33,12 +33,13 @@ from toolsd.tools.output import HeadTail
 from toolsd.tools.sentinel import Sentinel
 from toolsd.tools.shell import KILL_GRACE_S
 from toolsd.tools.spill import tee
-from toolsd.wire.protocol import UNSET, ReplExecParams, ReplExecResult, ReplImage
+from toolsd.wire.protocol import ReplExecParams, ReplExecResult, ReplImage
 
 if TYPE_CHECKING:
     from toolsd.tools.answers import Answer, Detached
     from toolsd.tools.interpreter import Interpreter
     from toolsd.tools.repl import Repl
+    from toolsd.tools.session_view import SessionView
 
 class RunState(States):
     BEGUN = "begun"
@@ -82,7 +83,7 @@ class Run:
         self.since = proctree.mark()
         # The interpreter before this fresh one died without an answer saying so.
         self.lost_before = False
-        self.host_exec_now = None  # RepositoryWatch.look_now, for a request without a task
+        self.session: SessionView | None = None  # for a request without a task: its report
 
     def result(self, status: str, state_lost: bool = False, notice: str = "",
                processes_ended: int = 0) -> ReplExecResult:
@@ -168,14 +169,15 @@ class Run:
     # Called by the interpreter, for a request without a task.
 
     def sentinel_came(self, ok: bool) -> None:
-        host_exec = self.host_exec_now()
+        host_exec = self.session.repositories.look_now()
         if host_exec is None:
             # The code changed the workspace so that looking at it takes a worker thread,
             # which the request's task (rest) waits for. It finds the sentinel there.
             self.needs_task()
             return
-        result = self.result("ok" if ok else "error")
-        result.host_exec = host_exec or UNSET
+        # All that a task's answer reports (session.reported): host_exec, and the connections
+        # the sandbox was refused during the call.
+        result = self.session.reported_as(self.result("ok" if ok else "error"), host_exec)
         if self.detached.finish(result):
             self._move(RunState.ANSWERED)
         # else a task has the request: it finds the sentinel

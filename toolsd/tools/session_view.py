@@ -70,3 +70,7 @@ class SessionView(Protocol):
 
     async def reported(self, result):
         """`result` with what the session reports after each call (host_exec, egress)."""
+
+    def reported_as(self, result, host_exec: list[str]):
+        """`result` with `host_exec` as looked at (without a wait: repositories.look_now),
+        and the rest of what `reported` adds."""
