@@ -6,8 +6,8 @@
 #   framing: to_json, send, pack_fds, fds_of, refuse_truncated, recv_into, recv
 #   process helpers: which, child_map, descendants, reap_nohang, children_left, signal_pid,
 #     kill_everything
-#   limits: StartError, SELF_FILES, keep_self_files, read_self, own_state, state_items,
-#     REFERENCE, Tampered, ProcessLimits
+#   limits: StartError, SELF_FILES, keep_self_files, read_self, own_state, quick_state,
+#     state_items, REFERENCE, Tampered, ProcessLimits
 #   the shim's job: start_command, WARMUP_REQUEST, warm_up, claim, take_job, exit_message,
 #     exit_message_of_status, tell, run_job, wait_release, set_policy
 #   run_shim: a shim's body, job after job
@@ -424,7 +424,7 @@ class StartError(Exception):
 RLIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
-# /proc/self files that a shim reads for each own_state(), twice a job, kept open from its
+# /proc/self files that a shim reads for each quick_state(), twice a job, kept open from its
 # start: a pread at offset 0 gets the kernel's text afresh, without an open and a close each
 # time. Empty in the launcher (see keep_self_files).
 SELF_FILES = {}
@@ -471,6 +471,18 @@ def own_state(pid=0):
     }
 
 
+def quick_state():
+    """What own_state() covers, as a value to compare only, with fewer system calls and less
+    Python: the resource limits as the kernel's text (one pread for all of them, and limits
+    Python has no name for), in place of one prlimit each."""
+    limits = read_self("limits", 4096)
+    if limits is None:
+        limits = tuple(resource.prlimit(0, r) for r in RLIMITS)
+    return (limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0),
+            os.sched_getparam(0).sched_priority, os.sched_getaffinity(0), ioprio(),
+            read_self("oom_score_adj"), read_self("coredump_filter"))
+
+
 def state_items(state):
     """An own_state as (what, value) pairs, each resource limit a pair of its own."""
     for key, value in state.items():
@@ -499,12 +511,21 @@ class ProcessLimits:
         self.applied = None
         self.unknown = False  # a setrlimit failed midway: retire after this job
         self.expected = REFERENCE
+        self.expected_quick = self.vouched_quick_state()
+
+    def vouched_quick_state(self):
+        """quick_state() now, which tampered() compares with from here on, if own_state()
+        read after it is what we expect; else None, which makes every check see a change.
+        Read in this order, a change made between the two reads is seen by the second; one
+        undone between them leaves a value no later read matches: we retire, never miss it."""
+        quick = quick_state()
+        return quick if own_state() == self.expected else None
 
     def tampered(self):
         """Whether our limits, priority, policy, affinity, I/O priority or OOM settings differ
         from the session's start (plus the limits we set): we retire rather than start a
-        command with them."""
-        return own_state() != self.expected
+        command with them. Twice a job, so by quick_state(), against the one vouched for."""
+        return quick_state() != self.expected_quick
 
     def handed_on(self, pid):
         """Whether command `pid`, started by us, carries what changed in us (see tampered):
@@ -542,6 +563,7 @@ class ProcessLimits:
         for name, (soft, hard) in rlimits.items():
             expected["rlimits"][getattr(resource, "RLIMIT_" + name.upper())] = (soft, hard)
         self.expected = expected
+        self.expected_quick = self.vouched_quick_state()
 
     def cpu_nearly_spent(self):
         """Whether our own CPU time has used half the CPU limit we set on ourselves: the
@@ -646,7 +668,7 @@ def warm_up():
     copies it: paid now, not on the spawn's critical path."""
     req = marshal.loads(WARMUP_REQUEST)
     which("warm-up-no-such-program", req["env"]["PATH"])
-    own_state() != REFERENCE
+    quick_state() != REFERENCE
     for name in req["rlimits"]:
         getattr(resource, "RLIMIT_" + name.upper(), None)
     to_json({"op": "started", "job": 0, "pid": 0}).encode()
@@ -851,7 +873,7 @@ def run_shim(host, spawn, private, lost, slot, standby):
         # Made before a job comes, off the spawn's critical path. The buffer's pages are only
         # touched as far as a request fills them.
         self_fd = os.pidfd_open(os.getpid())
-        keep_self_files(("oom_score_adj", "coredump_filter"))  # what own_state reads
+        keep_self_files(("limits", "oom_score_adj", "coredump_filter"))  # for quick_state
         buf = mmap.mmap(-1, MAX_MSG, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if standby or not readable(spawn):
             warm_up()  # it would only delay a request already there
