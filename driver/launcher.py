@@ -1049,8 +1049,10 @@ class SandboxInit:
             except OSError:
                 pass  # retried when a request waits
 
-    def read_words(self, shim):
-        """Act on what a shim said."""
+    def read_words(self, shim, drain=True):
+        """Act on what a shim said: all of it, or with `drain` False the one word that woke
+        us (poll reports a word left over in its next round; one more recv each wakeup, to
+        find the socket empty, would be a system call in vain on every spawn)."""
         while not shim.closed:
             try:
                 word = shim.sock.recv(64)
@@ -1078,6 +1080,8 @@ class SandboxInit:
                     shim.close()  # EOF instead of "go": it exits
             else:
                 shim.closed = True  # exiting: stop polling it, SIGCHLD follows
+            if not drain:
+                return
 
     def reap(self):
         """Collect exited children and act on them; resume shims that something stopped."""
@@ -1259,7 +1263,7 @@ class SandboxInit:
             self.reap()
             for fd, shim in talking.items():
                 if fd in events and not shim.closed:
-                    self.read_words(shim)
+                    self.read_words(shim, drain=False)
             if spawn_fd in events and self.reader is None:
                 if not self.serve_waiting_request():
                     return  # the daemon is gone
