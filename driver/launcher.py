@@ -33,7 +33,7 @@ and every shim write to the control channel without a lock.
                          for a "tty" request), error, exited ("done": true when nothing of the
                          tree is left), done
     shim -> launcher:    "took", "idle" or "retire" on its private socketpair; the job it
-                         takes in shared memory
+                         takes in shared memory, and that the job is over (see run_shim)
     launcher -> standby: "go" + the marshalled list of jobs to drop, on its private socketpair
 
 A shim is a forked copy of the launcher that is the subreaper ancestor of one command's tree at
@@ -866,7 +866,7 @@ def set_policy(policy, priority=0):
 MAX_JOBS_PER_SHIM = 1000
 
 
-def run_shim(host, spawn, private, lost, slot, standby):
+def run_shim(host, spawn, private, lost, slot, census, standby):
     """Body of a shim. Never returns: every path ends in os._exit."""
     code = 0
     try:
@@ -885,8 +885,11 @@ def run_shim(host, spawn, private, lost, slot, standby):
             hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
             if standby:
                 # Into buf: recv(MAX_MSG) would map a fresh MiB, and remap and unmap it,
-                # for each job.
-                word = buf[:private.recv_into(buf)]
+                # for each job. A reset is the launcher letting us go with our "idle" unread.
+                try:
+                    word = buf[:private.recv_into(buf)]
+                except ConnectionResetError:
+                    os._exit(0)
                 if not word.startswith(b"go"):
                     os._exit(0)  # the launcher is gone, or has standbys enough
                 lost = set(marshal.loads(word[2:]))
@@ -902,7 +905,12 @@ def run_shim(host, spawn, private, lost, slot, standby):
             if jobs == MAX_JOBS_PER_SHIM or limits.cpu_nearly_spent():
                 os._exit(0)
             SLOT.pack_into(slot, 0, 0, 0, 0)
-            tell(private, b"idle")
+            # The cleared slot says that we are idle; the launcher reads it when it next
+            # wants a standby (at the next "took"), so a command after another wakes it once,
+            # not twice. Only where more shims live than a reader and its standbys is it told
+            # at once: it may have to let some go.
+            if int.from_bytes(census[0:8], sys.byteorder) > MAX_STANDBYS + 1:
+                tell(private, b"idle")
             standby = True
     except BaseException:
         code = 70
@@ -967,9 +975,14 @@ class SandboxInit:
         self.lost_jobs = set()  # taken by readers that died before "took": maybe still queued
         self.helpers = set()  # pids of the daemon's helpers (start_helper)
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # How many shims live, for them to read (see run_shim), written by us only.
+        self.census = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
 
     def shims(self):
         return [s for s in (self.reader, *self.standbys, *self.busy.values()) if s is not None]
+
+    def count_shims(self):
+        self.census[0:8] = len(self.shims()).to_bytes(8, sys.byteorder)
 
     def fork_shim(self, standby):
         state = own_state()
@@ -1006,7 +1019,8 @@ class SandboxInit:
                 prctl(PR_SET_CHILD_SUBREAPER, 1)
             except BaseException:
                 os._exit(70)
-            run_shim(self.host, self.spawn_channel, child_end, self.lost_jobs, slot, standby)
+            run_shim(self.host, self.spawn_channel, child_end, self.lost_jobs, slot,
+                     self.census, standby)
             os._exit(70)  # not reached: run_shim always exits
         child_end.close()
         parent_end.setblocking(False)
@@ -1015,10 +1029,26 @@ class SandboxInit:
             self.standbys.append(shim)
         else:
             self.reader = shim
+        self.count_shims()
+
+    def collect_idle(self):
+        """Busy shims whose job is over (their slot cleared, see run_shim) become standbys,
+        as many as MAX_STANDBYS; the others are let go."""
+        for pid, shim in list(self.busy.items()):
+            if shim.closed or shim.claimed() is not None:
+                continue
+            del self.busy[pid]
+            shim.job = None
+            if len(self.standbys) < MAX_STANDBYS:
+                self.standbys.append(shim)
+            else:
+                shim.closed = True
+                shim.close()  # EOF instead of "go": it exits
 
     def promote(self):
         """Make a standby the reader, if there is no reader. The last to arrive goes first:
         its memory is the likeliest to be cached."""
+        self.collect_idle()
         while self.reader is None and self.standbys:
             shim = self.standbys.pop()
             try:
@@ -1069,15 +1099,11 @@ class SandboxInit:
                 shim.closed = True  # exiting
                 shim.close()
                 self.replace_reader()
-            elif word == b"idle" and self.busy.get(shim.pid) is shim:
-                del self.busy[shim.pid]
-                shim.job = None
-                if len(self.standbys) < MAX_STANDBYS:
-                    self.standbys.append(shim)
-                    self.promote()
-                else:
-                    shim.closed = True
-                    shim.close()  # EOF instead of "go": it exits
+            elif word == b"idle":
+                # Unless its cleared slot got it collected already (then maybe made the
+                # reader since): a late word, not a sign that it exits.
+                if self.busy.get(shim.pid) is shim:
+                    self.promote()  # which collects it, and any other whose job is over
             else:
                 shim.closed = True  # exiting: stop polling it, SIGCHLD follows
             if not drain:
@@ -1127,9 +1153,10 @@ class SandboxInit:
                 continue
             if not shim.closed:
                 self.read_words(shim)  # an "idle" said before dying
+            over = shim.claimed() is None  # its slot cleared: killed between jobs
             command, spawning = shim.command(), shim.spawning()
             shim.close()
-            if status != 0 and shim.job is not None:
+            if status != 0 and shim.job is not None and not over:
                 dead.append((shim.job, command, spawning))
         if dead:
             # Whatever the dead shims started has reparented to us: it goes, and nothing
@@ -1239,6 +1266,7 @@ class SandboxInit:
         self.refill()
         host_fd, spawn_fd = self.host.fileno(), self.spawn_channel.fileno()
         while True:
+            self.count_shims()
             poller = select.poll()
             poller.register(host_fd, select.POLLIN)
             poller.register(self.wake_r, select.POLLIN)
