@@ -6,8 +6,8 @@
 #   framing: to_json, send, pack_fds, fds_of, refuse_truncated, recv_into, recv
 #   process helpers: which, child_map, descendants, reap_nohang, children_left, signal_pid,
 #     kill_everything
-#   limits: StartError, SELF_FILES, keep_self_files, read_self, own_state, state_items,
-#     REFERENCE, Tampered, ProcessLimits
+#   limits: StartError, SELF_FILES, keep_self_files, read_self, own_state, quick_state,
+#     state_items, REFERENCE, Tampered, ProcessLimits
 #   the shim's job: start_command, WARMUP_REQUEST, warm_up, claim, take_job, exit_message,
 #     exit_message_of_status, tell, run_job, wait_release, set_policy
 #   run_shim: a shim's body, job after job
@@ -33,7 +33,7 @@ and every shim write to the control channel without a lock.
                          for a "tty" request), error, exited ("done": true when nothing of the
                          tree is left), done
     shim -> launcher:    "took", "idle" or "retire" on its private socketpair; the job it
-                         takes in shared memory
+                         takes in shared memory, and that the job is over (see run_shim)
     launcher -> standby: "go" + the marshalled list of jobs to drop, on its private socketpair
 
 A shim is a forked copy of the launcher that is the subreaper ancestor of one command's tree at
@@ -424,7 +424,7 @@ class StartError(Exception):
 RLIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
-# /proc/self files that a shim reads for each own_state(), twice a job, kept open from its
+# /proc/self files that a shim reads for each quick_state(), twice a job, kept open from its
 # start: a pread at offset 0 gets the kernel's text afresh, without an open and a close each
 # time. Empty in the launcher (see keep_self_files).
 SELF_FILES = {}
@@ -471,6 +471,18 @@ def own_state(pid=0):
     }
 
 
+def quick_state():
+    """What own_state() covers, as a value to compare only, with fewer system calls and less
+    Python: the resource limits as the kernel's text (one pread for all of them, and limits
+    Python has no name for), in place of one prlimit each."""
+    limits = read_self("limits", 4096)
+    if limits is None:
+        limits = tuple(resource.prlimit(0, r) for r in RLIMITS)
+    return (limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0),
+            os.sched_getparam(0).sched_priority, os.sched_getaffinity(0), ioprio(),
+            read_self("oom_score_adj"), read_self("coredump_filter"))
+
+
 def state_items(state):
     """An own_state as (what, value) pairs, each resource limit a pair of its own."""
     for key, value in state.items():
@@ -499,12 +511,21 @@ class ProcessLimits:
         self.applied = None
         self.unknown = False  # a setrlimit failed midway: retire after this job
         self.expected = REFERENCE
+        self.expected_quick = self.vouched_quick_state()
+
+    def vouched_quick_state(self):
+        """quick_state() now, which tampered() compares with from here on, if own_state()
+        read after it is what we expect; else None, which makes every check see a change.
+        Read in this order, a change made between the two reads is seen by the second; one
+        undone between them leaves a value no later read matches: we retire, never miss it."""
+        quick = quick_state()
+        return quick if own_state() == self.expected else None
 
     def tampered(self):
         """Whether our limits, priority, policy, affinity, I/O priority or OOM settings differ
         from the session's start (plus the limits we set): we retire rather than start a
-        command with them."""
-        return own_state() != self.expected
+        command with them. Twice a job, so by quick_state(), against the one vouched for."""
+        return quick_state() != self.expected_quick
 
     def handed_on(self, pid):
         """Whether command `pid`, started by us, carries what changed in us (see tampered):
@@ -542,6 +563,7 @@ class ProcessLimits:
         for name, (soft, hard) in rlimits.items():
             expected["rlimits"][getattr(resource, "RLIMIT_" + name.upper())] = (soft, hard)
         self.expected = expected
+        self.expected_quick = self.vouched_quick_state()
 
     def cpu_nearly_spent(self):
         """Whether our own CPU time has used half the CPU limit we set on ourselves: the
@@ -646,7 +668,7 @@ def warm_up():
     copies it: paid now, not on the spawn's critical path."""
     req = marshal.loads(WARMUP_REQUEST)
     which("warm-up-no-such-program", req["env"]["PATH"])
-    own_state() != REFERENCE
+    quick_state() != REFERENCE
     for name in req["rlimits"]:
         getattr(resource, "RLIMIT_" + name.upper(), None)
     to_json({"op": "started", "job": 0, "pid": 0}).encode()
@@ -844,14 +866,14 @@ def set_policy(policy, priority=0):
 MAX_JOBS_PER_SHIM = 1000
 
 
-def run_shim(host, spawn, private, lost, slot, standby):
+def run_shim(host, spawn, private, lost, slot, census, standby):
     """Body of a shim. Never returns: every path ends in os._exit."""
     code = 0
     try:
         # Made before a job comes, off the spawn's critical path. The buffer's pages are only
         # touched as far as a request fills them.
         self_fd = os.pidfd_open(os.getpid())
-        keep_self_files(("oom_score_adj", "coredump_filter"))  # what own_state reads
+        keep_self_files(("limits", "oom_score_adj", "coredump_filter"))  # for quick_state
         buf = mmap.mmap(-1, MAX_MSG, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if standby or not readable(spawn):
             warm_up()  # it would only delay a request already there
@@ -863,8 +885,11 @@ def run_shim(host, spawn, private, lost, slot, standby):
             hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
             if standby:
                 # Into buf: recv(MAX_MSG) would map a fresh MiB, and remap and unmap it,
-                # for each job.
-                word = buf[:private.recv_into(buf)]
+                # for each job. A reset is the launcher letting us go with our "idle" unread.
+                try:
+                    word = buf[:private.recv_into(buf)]
+                except ConnectionResetError:
+                    os._exit(0)
                 if not word.startswith(b"go"):
                     os._exit(0)  # the launcher is gone, or has standbys enough
                 lost = set(marshal.loads(word[2:]))
@@ -880,7 +905,12 @@ def run_shim(host, spawn, private, lost, slot, standby):
             if jobs == MAX_JOBS_PER_SHIM or limits.cpu_nearly_spent():
                 os._exit(0)
             SLOT.pack_into(slot, 0, 0, 0, 0)
-            tell(private, b"idle")
+            # The cleared slot says that we are idle; the launcher reads it when it next
+            # wants a standby (at the next "took"), so a command after another wakes it once,
+            # not twice. Only where more shims live than a reader and its standbys is it told
+            # at once: it may have to let some go.
+            if int.from_bytes(census[0:8], sys.byteorder) > MAX_STANDBYS + 1:
+                tell(private, b"idle")
             standby = True
     except BaseException:
         code = 70
@@ -945,9 +975,14 @@ class SandboxInit:
         self.lost_jobs = set()  # taken by readers that died before "took": maybe still queued
         self.helpers = set()  # pids of the daemon's helpers (start_helper)
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # How many shims live, for them to read (see run_shim), written by us only.
+        self.census = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
 
     def shims(self):
         return [s for s in (self.reader, *self.standbys, *self.busy.values()) if s is not None]
+
+    def count_shims(self):
+        self.census[0:8] = len(self.shims()).to_bytes(8, sys.byteorder)
 
     def fork_shim(self, standby):
         state = own_state()
@@ -984,7 +1019,8 @@ class SandboxInit:
                 prctl(PR_SET_CHILD_SUBREAPER, 1)
             except BaseException:
                 os._exit(70)
-            run_shim(self.host, self.spawn_channel, child_end, self.lost_jobs, slot, standby)
+            run_shim(self.host, self.spawn_channel, child_end, self.lost_jobs, slot,
+                     self.census, standby)
             os._exit(70)  # not reached: run_shim always exits
         child_end.close()
         parent_end.setblocking(False)
@@ -993,10 +1029,26 @@ class SandboxInit:
             self.standbys.append(shim)
         else:
             self.reader = shim
+        self.count_shims()
+
+    def collect_idle(self):
+        """Busy shims whose job is over (their slot cleared, see run_shim) become standbys,
+        as many as MAX_STANDBYS; the others are let go."""
+        for pid, shim in list(self.busy.items()):
+            if shim.closed or shim.claimed() is not None:
+                continue
+            del self.busy[pid]
+            shim.job = None
+            if len(self.standbys) < MAX_STANDBYS:
+                self.standbys.append(shim)
+            else:
+                shim.closed = True
+                shim.close()  # EOF instead of "go": it exits
 
     def promote(self):
         """Make a standby the reader, if there is no reader. The last to arrive goes first:
         its memory is the likeliest to be cached."""
+        self.collect_idle()
         while self.reader is None and self.standbys:
             shim = self.standbys.pop()
             try:
@@ -1027,8 +1079,10 @@ class SandboxInit:
             except OSError:
                 pass  # retried when a request waits
 
-    def read_words(self, shim):
-        """Act on what a shim said."""
+    def read_words(self, shim, drain=True):
+        """Act on what a shim said: all of it, or with `drain` False the one word that woke
+        us (poll reports a word left over in its next round; one more recv each wakeup, to
+        find the socket empty, would be a system call in vain on every spawn)."""
         while not shim.closed:
             try:
                 word = shim.sock.recv(64)
@@ -1045,17 +1099,15 @@ class SandboxInit:
                 shim.closed = True  # exiting
                 shim.close()
                 self.replace_reader()
-            elif word == b"idle" and self.busy.get(shim.pid) is shim:
-                del self.busy[shim.pid]
-                shim.job = None
-                if len(self.standbys) < MAX_STANDBYS:
-                    self.standbys.append(shim)
-                    self.promote()
-                else:
-                    shim.closed = True
-                    shim.close()  # EOF instead of "go": it exits
+            elif word == b"idle":
+                # Unless its cleared slot got it collected already (then maybe made the
+                # reader since): a late word, not a sign that it exits.
+                if self.busy.get(shim.pid) is shim:
+                    self.promote()  # which collects it, and any other whose job is over
             else:
                 shim.closed = True  # exiting: stop polling it, SIGCHLD follows
+            if not drain:
+                return
 
     def reap(self):
         """Collect exited children and act on them; resume shims that something stopped."""
@@ -1101,9 +1153,10 @@ class SandboxInit:
                 continue
             if not shim.closed:
                 self.read_words(shim)  # an "idle" said before dying
+            over = shim.claimed() is None  # its slot cleared: killed between jobs
             command, spawning = shim.command(), shim.spawning()
             shim.close()
-            if status != 0 and shim.job is not None:
+            if status != 0 and shim.job is not None and not over:
                 dead.append((shim.job, command, spawning))
         if dead:
             # Whatever the dead shims started has reparented to us: it goes, and nothing
@@ -1213,6 +1266,7 @@ class SandboxInit:
         self.refill()
         host_fd, spawn_fd = self.host.fileno(), self.spawn_channel.fileno()
         while True:
+            self.count_shims()
             poller = select.poll()
             poller.register(host_fd, select.POLLIN)
             poller.register(self.wake_r, select.POLLIN)
@@ -1237,7 +1291,7 @@ class SandboxInit:
             self.reap()
             for fd, shim in talking.items():
                 if fd in events and not shim.closed:
-                    self.read_words(shim)
+                    self.read_words(shim, drain=False)
             if spawn_fd in events and self.reader is None:
                 if not self.serve_waiting_request():
                     return  # the daemon is gone
