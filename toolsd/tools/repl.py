@@ -131,8 +131,8 @@ async def python_executable(session: SessionView, python3: str) -> str:
     """The real interpreter behind the sandbox's `python3`, asked once per session. It is
     often a wrapper script (a pyenv shim runs bash on every start), and every turn
     starts a fresh interpreter. Asked in the workspace, as version files there may pick it.
-    Asking is an interpreter's start too, bounded as the driver's (interpreter.py): one that
-    does not answer within START_SLOT_S is ended, and `python3` itself is used."""
+    Asking is an interpreter's start too, bounded and lowered as the driver's (interpreter.py,
+    repl_priority.py): one not answered within START_SLOT_S is ended, and `python3` used."""
     if session.python_exe is not None:
         return session.python_exe
     async with session.host.interpreter_starts:
@@ -142,9 +142,13 @@ async def python_executable(session: SessionView, python3: str) -> str:
             session.sandbox, [python3, "-c", "import sys; print(sys.executable)"],
             cwd=session.workspace, env=session.env)
         out = bytearray()
-        with trio.move_on_after(START_SLOT_S):
+
+        async def answered() -> None:
             await pump(read_fd, out.extend)
             await job.exited.wait()
+
+        with trio.move_on_after(START_SLOT_S):
+            await session.host.start_priority.while_starting(job.pid, answered)
         if not job.exited.is_set():
             await end_tree(job, 0)
         path = out.decode(errors="replace").strip()
@@ -215,7 +219,7 @@ class Repl:
                                                                      self._late_feed)
                     limit_interpreter(interp.job.pid, self.language, session.limits.memory_mb)
                     if not self.closed:
-                        await interp.warm_up()
+                        await interp.warm_up(session.host.start_priority)
                 if self.closed:
                     # The turn ended while the interpreter started: aclose did not see it.
                     await interp.kill()
