@@ -5,6 +5,7 @@ from the sessions already running. Each start holds its place until its driver h
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import pytest
@@ -150,3 +151,30 @@ def test_an_interpreter_starts_lowered_and_runs_the_code_at_the_daemons_priority
     driver = ["driver at 19", f"driver then at {own}"]
     # The real path is asked only where the sandbox has a python3 of its own.
     assert notes in (driver, ["asked at 19", *driver]), notes
+
+
+def test_asking_python3_for_its_real_path_runs_none_of_the_sites_code(daemon, client):
+    # The sandbox's python3 here is a wrapper script, as pyenv's is: the session asks it once
+    # for the interpreter behind it. That start is CPU spent before the REPL's own, and the
+    # site's code (.pth files, sitecustomize) has no say in the answer: it runs in the
+    # driver's interpreter only.
+    bin_dir, site = os.path.join(daemon.workspace, "bin"), os.path.join(daemon.workspace, "site")
+    os.makedirs(bin_dir)
+    os.makedirs(site)
+    calls, site_ran = os.path.join(bin_dir, "calls.log"), os.path.join(site, "ran.log")
+    wrapper = os.path.join(bin_dir, "python3")
+    with open(wrapper, "w") as f:
+        f.write(f'#!/bin/sh\necho "$@" >> {calls}\nexec {sys.executable} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(f"import sys\nwith open({site_ran!r}, 'a') as f:\n"
+                f"    f.write(' '.join(sys.argv) + '\\n')\n")
+    s = client.session_open(daemon.workspace, env={
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": site})["session"]
+    r = client.repl_exec(s, client.turn_begin(s)["turn"], "import sys; sys.executable")
+    assert r["status"] == "ok" and r["output"] == f"{sys.executable!r}\n", r
+    with open(calls) as f:
+        assert "sys.executable" in f.read()  # asked; the driver runs on the answer
+    with open(site_ran) as f:
+        ran = f.read().splitlines()
+    assert len(ran) == 1 and ran[0].split()[0].endswith("python_repl.py"), ran
