@@ -5,6 +5,7 @@ from the sessions already running. Each start holds its place until its driver h
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import pytest
@@ -105,3 +106,75 @@ def test_a_start_that_waits_does_not_hold_up_the_others(daemon, client):
         open(go, "w").close()
         blocked.join()
     assert answers[stuck]["status"] == "ok" and answers[stuck]["output"] == "2\n"
+
+
+# Runs in each interpreter of the session before its code: the python3 asked for its real
+# path, then the driver. Each notes the priority it waits for: the lowest, which the daemon
+# sets when it hears of the start (its first instructions may run before), then, in the
+# driver, its own again, given back before the driver has answered (a start the calls leave
+# no CPU for still ends at its own priority).
+WATCH_PRIORITY = """\
+import os, sys, time
+def note(what):
+    with open(os.path.join(os.path.dirname(__file__), "priority.log"), "a") as f:
+        f.write(what + "\\n")
+def priority_once(wanted):
+    give_up = time.monotonic() + {stuck_s}
+    while not wanted(os.getpriority(os.PRIO_PGRP, 0)) and time.monotonic() < give_up:
+        time.sleep(0.001)
+    return os.getpriority(os.PRIO_PGRP, 0)
+what = "driver" if sys.argv and sys.argv[0].endswith("python_repl.py") else "asked"
+note(f"{{what}} at {{priority_once(lambda nice: nice == 19)}}")
+if what == "driver":
+    note(f"driver then at {{priority_once(lambda nice: nice != 19)}}")
+"""
+
+
+def test_an_interpreter_starts_lowered_and_runs_the_code_at_the_daemons_priority(
+        daemon, client):
+    site = os.path.join(daemon.workspace, "site")
+    os.makedirs(site)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(WATCH_PRIORITY.format(stuck_s=STUCK_S))
+    own = os.getpriority(os.PRIO_PROCESS, daemon.proc.pid)
+    code = ("import os, subprocess\n"
+            "print(os.getpriority(os.PRIO_PROCESS, 0))\n"
+            "print(subprocess.run(['nice'], capture_output=True, text=True).stdout)")
+    # One start given back when half its slot went by (it waits for that), one as soon as it
+    # answered.
+    for env in ({"PYTHONPATH": site}, {}):
+        s = client.session_open(daemon.workspace, env=env)["session"]
+        r = client.repl_exec(s, client.turn_begin(s)["turn"], code)
+        assert r["status"] == "ok" and r["output"].split() == [str(own), str(own)], r
+    with open(os.path.join(site, "priority.log")) as f:
+        notes = f.read().splitlines()
+    driver = ["driver at 19", f"driver then at {own}"]
+    # The real path is asked only where the sandbox has a python3 of its own.
+    assert notes in (driver, ["asked at 19", *driver]), notes
+
+
+def test_asking_python3_for_its_real_path_runs_none_of_the_sites_code(daemon, client):
+    # The sandbox's python3 here is a wrapper script, as pyenv's is: the session asks it once
+    # for the interpreter behind it. That start is CPU spent before the REPL's own, and the
+    # site's code (.pth files, sitecustomize) has no say in the answer: it runs in the
+    # driver's interpreter only.
+    bin_dir, site = os.path.join(daemon.workspace, "bin"), os.path.join(daemon.workspace, "site")
+    os.makedirs(bin_dir)
+    os.makedirs(site)
+    calls, site_ran = os.path.join(bin_dir, "calls.log"), os.path.join(site, "ran.log")
+    wrapper = os.path.join(bin_dir, "python3")
+    with open(wrapper, "w") as f:
+        f.write(f'#!/bin/sh\necho "$@" >> {calls}\nexec {sys.executable} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(f"import sys\nwith open({site_ran!r}, 'a') as f:\n"
+                f"    f.write(' '.join(sys.argv) + '\\n')\n")
+    s = client.session_open(daemon.workspace, env={
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": site})["session"]
+    r = client.repl_exec(s, client.turn_begin(s)["turn"], "import sys; sys.executable")
+    assert r["status"] == "ok" and r["output"] == f"{sys.executable!r}\n", r
+    with open(calls) as f:
+        assert "sys.executable" in f.read()  # asked; the driver runs on the answer
+    with open(site_ran) as f:
+        ran = f.read().splitlines()
+    assert len(ran) == 1 and ran[0].split()[0].endswith("python_repl.py"), ran

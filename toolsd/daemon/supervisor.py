@@ -31,6 +31,7 @@ from toolsd.sandbox.bwrap.policy import Limits
 from toolsd.tools.host import Host
 from toolsd.tools.interpreter import STARTS_AT_ONCE
 from toolsd.tools.ports import PortForwards
+from toolsd.tools.repl_priority import StartPriority
 from toolsd.tools.process_table import ProcessTable
 from toolsd.wire.protocol import (
     NOT_FOUND,
@@ -113,7 +114,8 @@ class Supervisor:
             max_frame=config.max_frame, limits=config.limits, shown=config.shown, bwrap=bwrap,
             why_no_sandbox=why_not, cgroup_places=cgroup_places,
             hidden_paths=self._hidden_paths(), scratch=self.state.scratch,
-            logs=self.state.logs, interpreter_starts=starts, guard_rounds=GuardRounds())
+            logs=self.state.logs, start_priority=StartPriority.find(),
+            interpreter_starts=starts, guard_rounds=GuardRounds())
         nursery.start_soon(self.host.guard_rounds.run)
         if config.idle_timeout_s is not None:
             log.info("sessions with no activity for %g s are closed (--idle-timeout)",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from toolsd.sandbox.launch import cgroups
 from toolsd.sandbox.bwrap.policy import Limits
+from toolsd.tools.repl_priority import StartPriority
 
 if TYPE_CHECKING:
     import trio
@@ -28,6 +29,7 @@ class Host:
     hidden_paths: Mapping[str, str]
     scratch: str  # the state folder's: a session's /tmp is a folder in it
     logs: str  # the state folder's: background processes' logs
+    start_priority: StartPriority  # a starting interpreter's (repl_priority.py)
     # Not a fact but one for every session: how many interpreters may be starting at once,
     # across sessions (tools/interpreter.py, STARTS_AT_ONCE).
     interpreter_starts: trio.CapacityLimiter

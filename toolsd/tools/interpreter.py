@@ -18,6 +18,7 @@ from toolsd.sandbox.launch.spawning import end_tree, pump, signal_name, spawn_wi
 from toolsd.tools.sentinel import Sentinel, SentinelScanner
 
 if TYPE_CHECKING:
+    from toolsd.tools.repl_priority import StartPriority
     from toolsd.tools.repl_run import Run
 
 # At most this many interpreters are starting at once, across every session (the daemon's
@@ -152,15 +153,16 @@ class Interpreter:
             pass  # it died at once: the first request finds it gone
         return self
 
-    async def warm_up(self, within: float = START_SLOT_S) -> None:
+    async def warm_up(self, priority: StartPriority, within: float = START_SLOT_S) -> None:
         """Send the empty first request and wait (at most `within` seconds) for its answer,
-        when the driver has started. Whatever the start printed (a sitecustomize's output)
-        comes at the start of the next request's output, as anything printed between
-        requests; a request begun before the answer came has the next number, and the
-        scanner drops the lower one's sentinel."""
+        when the driver has started, at the lower priority of a start for part of it
+        (repl_priority.py). Whatever the start printed (a sitecustomize's output) comes at
+        the start of the next request's output, as anything printed between requests; a
+        request begun before the answer came has the next number, and the scanner drops the
+        lower one's sentinel."""
         self.begin(WARM_UP, self._idle_sink)
         with trio.move_on_after(within):
-            await self.settled()
+            await priority.while_starting(self.job.pid, self.settled)
 
     @property
     def gone(self) -> bool:

@@ -57,6 +57,7 @@ released in `end_run`, when the Run is answered (repl_run.RunState).
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import sys
@@ -128,22 +129,24 @@ def start_detached(session: SessionView, p: ReplExecParams, detached: Detached) 
 
 
 async def python_executable(session: SessionView, python3: str) -> str:
-    """The real interpreter behind the sandbox's `python3`, asked once per session. It is
-    often a wrapper script (a pyenv shim runs bash on every start), and every turn
-    starts a fresh interpreter. Asked in the workspace, as version files there may pick it.
-    Asking is an interpreter's start too, bounded as the driver's (interpreter.py): one that
-    does not answer within START_SLOT_S is ended, and `python3` itself is used."""
+    """The real interpreter behind the sandbox's `python3`, asked once per session: it is
+    often a wrapper script (a pyenv shim runs bash on every start), and every turn starts a
+    fresh interpreter. Asked in the workspace (version files there may pick it), with -S
+    (the site's imports cannot change the answer, and cost more than the rest); bounded and
+    lowered as the driver's start (interpreter.py, repl_priority.py): `python3` if not
+    answered within START_SLOT_S."""
     if session.python_exe is not None:
         return session.python_exe
     async with session.host.interpreter_starts:
         if session.python_exe is not None:
             return session.python_exe  # asked by another call while this one waited
         job, read_fd = await spawn_with_pipe(
-            session.sandbox, [python3, "-c", "import sys; print(sys.executable)"],
+            session.sandbox, [python3, "-S", "-c", "import sys; print(sys.executable)"],
             cwd=session.workspace, env=session.env)
         out = bytearray()
         with trio.move_on_after(START_SLOT_S):
-            await pump(read_fd, out.extend)
+            await session.host.start_priority.while_starting(
+                job.pid, functools.partial(pump, read_fd, out.extend))
             await job.exited.wait()
         if not job.exited.is_set():
             await end_tree(job, 0)
@@ -215,7 +218,7 @@ class Repl:
                                                                      self._late_feed)
                     limit_interpreter(interp.job.pid, self.language, session.limits.memory_mb)
                     if not self.closed:
-                        await interp.warm_up()
+                        await interp.warm_up(session.host.start_priority)
                 if self.closed:
                     # The turn ended while the interpreter started: aclose did not see it.
                     await interp.kill()

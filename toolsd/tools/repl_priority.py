@@ -1,0 +1,116 @@
+"""A starting REPL interpreter's CPU priority: lowered while it starts, given back after.
+
+A start (an interpreter's own, its site imports, the driver's) is tens of milliseconds of
+CPU, and even one at a time (Host.interpreter_starts) the scheduler gives it the share of
+any runnable process: under a burst of starts (a thousand turns beginning at once) the
+calls of the sessions already running wait behind them. Lowered, a start takes the CPU the
+calls leave; it gets its priority back as soon as it has answered its warm-up, or half its
+slot has gone by (a start the calls leave no CPU for still ends within its slot), and
+always before the first request's code reaches it.
+
+Only where the daemon can give the priority back: lowering a process's priority needs no
+privilege, raising it again needs CAP_SYS_NICE or an RLIMIT_NICE that allows it, and an
+interpreter must never stay lowered for its turn. Whether it can is tried once at start,
+on a thread of the daemon's own (what the kernel checks is the same: the caller's
+capability, the target's RLIMIT_NICE, which a sandbox's processes inherit from the daemon).
+Elsewhere starts run at the daemon's priority, as before.
+
+Set on the interpreter's process group (its shim starts it with setsid), so what it forks
+while it starts goes with it. The interpreter's first instructions run at the daemon's
+priority: it is lowered when the daemon hears its pid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable
+
+import trio
+
+log = logging.getLogger("toolsd.repl")
+
+# The lowest priority there is: the scheduler then gives a start a sliver of a core beside
+# each runnable call, and what the calls leave idle.
+STARTING_NICE = 19
+# A start runs lowered for at most this long: half its slot (interpreter.py's START_SLOT_S),
+# so that one the calls leave no CPU for still has the other half to end in at its own.
+LOWERED_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StartPriority:
+    """`normal`: the daemon's own nice value, which a sandbox's processes inherit. `lowers`:
+    whether starts run at STARTING_NICE (see the module's docstring)."""
+
+    normal: int
+    lowers: bool
+
+    @classmethod
+    def find(cls) -> StartPriority:
+        normal = os.getpriority(os.PRIO_PROCESS, 0)
+        if normal >= STARTING_NICE:
+            return cls(normal, False)  # as low as a start would be
+        lowers = _can_restore(normal)
+        if not lowers:
+            log.info("REPL interpreters start at the daemon's priority: it could not raise a "
+                     "lowered one's again (no CAP_SYS_NICE, and RLIMIT_NICE too low)")
+        return cls(normal, lowers)
+
+    async def while_starting(self, pid: int, started: Callable[[], Awaitable[None]]) -> None:
+        """Await `started()`, the process group of `pid` (a host pid, its leader) lowered
+        for the first LOWERED_S of it."""
+        if not self.lowers or pid <= 0:
+            await started()
+            return
+        _set(pid, STARTING_NICE)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._give_back_after, pid, LOWERED_S)
+                await started()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._give_back(pid)
+
+    async def _give_back_after(self, pid: int, seconds: float) -> None:
+        await trio.sleep(seconds)
+        self._give_back(pid)
+
+    def _give_back(self, pid: int) -> None:
+        if not _set(pid, self.normal):
+            log.warning("the interpreter %d may run at a lowered priority: it could not be "
+                        "raised again", pid)
+
+
+def _set(pgid: int, nice: int) -> bool:
+    """False if the group is there and kept its priority."""
+    try:
+        os.setpriority(os.PRIO_PGRP, pgid, nice)
+    except ProcessLookupError:
+        pass  # it ended: nothing runs lowered
+    except OSError:
+        return False
+    return True
+
+
+def _can_restore(normal: int) -> bool:
+    """Whether the daemon can lower a thread and raise it again to `normal`: tried on a
+    thread of its own, which ends with the priority it was left at."""
+    raised: list[bool] = []
+
+    def attempt() -> None:
+        me = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, me, normal + 1)
+            os.setpriority(os.PRIO_PROCESS, me, normal)
+        except OSError:
+            raised.append(False)
+        else:
+            raised.append(True)
+
+    thread = threading.Thread(target=attempt, name="toolsd-priority-check")
+    thread.start()
+    thread.join()
+    return raised == [True]
