@@ -39,6 +39,19 @@ class FakeInterp:
     loss_told = False
 
 
+class FakeSession:
+    """What a run without a task reports through (SessionView): nothing to report."""
+
+    class repositories:
+        @staticmethod
+        def look_now():
+            return []
+
+    @staticmethod
+    def reported_as(result, host_exec):
+        return result
+
+
 class FakeDetached:
     def __init__(self, takes: bool):
         self.takes = takes  # finish() succeeds (no task has the request yet)
@@ -57,7 +70,7 @@ class FakeDetached:
 def make_run() -> tuple[Run, FakeRepl]:
     repl = FakeRepl()
     run = Run(repl, FakeInterp(), ReplExecParams(session="s", turn="t", code="1"), False, 0.0)
-    run.host_exec_now = lambda: []
+    run.session = FakeSession()
     return run, repl
 
 
