@@ -336,23 +336,37 @@ def _listed(procs: list[BackgroundProcess], shims: list[int | None]) -> ProcessL
 
 
 def waits_for_nothing(p: ProcessOutputParams) -> bool:
-    """Whether a read has no wait_s and no until: only such a read can be `output_now`."""
+    """Whether a read has no wait_s and no until: only such a read can be `output_now` (the
+    row's `now_if` asks it first)."""
     return not p.wait_s > 0 and p.until is None
 
 
 def output_now(proc: BackgroundProcess, p: ProcessOutputParams) -> ProcessOutputResult | None:
-    """process.output that waits for nothing (no wait_s, no until), answered in the event
-    loop; None, having changed nothing, when that cannot be (its output renders large, or
-    whether the process waits for input needs a look at its tree): `output` then does it."""
-    if not waits_for_nothing(p):
-        return None
+    """process.output that waits for nothing (waits_for_nothing), answered in the event
+    loop; None, having changed nothing, when that cannot be (see result_now): `output` then
+    does it."""
+    result = result_now(proc, p, read_start(proc, p))
+    if result is not None:
+        took(proc, p, result)
+    return result
+
+
+def result_now(proc: BackgroundProcess, p: ProcessOutputParams,
+               start: int) -> ProcessOutputResult | None:
+    """The output from `start` to its end as `p` asks, rendered in the event loop; None when
+    that cannot be (it renders large, or whether the process waits for input needs a look at
+    its tree). Moves no mark: `took` does, once the result is the answer."""
     waiting = input_wait.waiting_now(proc)
     if waiting is None:
         return None
     end = proc.ring.end
-    rendered = read_range_now(proc, read_start(proc, p), end, p.max_output_chars)
+    rendered = read_range_now(proc, start, end, p.max_output_chars)
     if rendered is None:
         return None
-    if p.since is None:
-        proc.read_mark = max(proc.read_mark, end)
     return output_result(proc, p, end, rendered, waiting)
+
+
+def took(proc: BackgroundProcess, p: ProcessOutputParams, result: ProcessOutputResult) -> None:
+    """`result` is a read's answer: a read of the shared mark (`since` absent) moves it."""
+    if p.since is None:
+        proc.read_mark = max(proc.read_mark, result.next)

@@ -27,9 +27,8 @@ import msgspec
 import trio
 
 from toolsd.runtime.states import States
-from toolsd.tools import input_wait
 from toolsd.tools.background_process import INLINE_SEARCH_WORK
-from toolsd.tools.processes import output_result, read_range_now, read_start
+from toolsd.tools.processes import read_start, result_now, took
 from toolsd.tools.until import UntilScan, compile_until
 from toolsd.wire.protocol import ProcessOutputParams, ProcessOutputResult
 
@@ -161,17 +160,11 @@ class _WaitingRead:
     def _answer(self) -> bool:
         """Answer the match now, if everything of the answer is at hand; False, having
         changed nothing, if not."""
-        proc, p = self.proc, self.p
-        end = proc.ring.end
-        rendered = read_range_now(proc, self.start, end, p.max_output_chars)
-        waiting = input_wait.waiting_now(proc)
-        if rendered is None or waiting is None:
-            return False
-        result = self.report(output_result(proc, p, end, rendered, waiting))
+        found = result_now(self.proc, self.p, self.start)
+        result = self.report(found) if found is not None else None
         if result is None:
             return False
-        if p.since is None:
-            proc.read_mark = max(proc.read_mark, end)
+        took(self.proc, self.p, result)
         self._move(WaitState.ANSWERED)
         self.detached.finish(result)
         return True
