@@ -158,11 +158,14 @@ async def test_cancel_during_a_tool_call_is_interrupted_and_ends_the_command(kit
 
 
 async def test_cancel_during_a_repl_call_ends_the_turns_repl(kit):
-    agent = await kit.open([reply("", call("repl", code="import time\ntime.sleep(5353)"))])
+    code = "import time\nopen('running', 'w').close()\ntime.sleep(5353)"
+    agent = await kit.open([reply("", call("repl", code=code))])
     got = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_collect, agent.run_turn("wait"), got)
-        while not kit.daemon.running("python_repl"):
+        # The code runs: a cancel while the interpreter still starts would end it with the
+        # start, before the turn has a REPL to end.
+        while not os.path.exists(os.path.join(kit.workspace, "running")):
             await trio.sleep(0.05)
         agent.cancel()
     assert got[0].outcome == "interrupted"
