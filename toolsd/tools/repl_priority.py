@@ -18,6 +18,15 @@ Elsewhere starts run at the daemon's priority, as before.
 Set on the interpreter's process group (its shim starts it with setsid), so what it forks
 while it starts goes with it. The interpreter's first instructions run at the daemon's
 priority: it is lowered when the daemon hears its pid.
+
+Where the kernel groups processes by session for the scheduler (autogroups,
+/proc/sys/kernel/sched_autogroup_enabled), a process's nice value weighs only against the
+processes of its own session, and the setsid that gives the interpreter its process group
+gives it an autogroup of its own too: lowered by its nice value alone it would still take a
+whole group's share beside the daemon's. There the start's autogroup is lowered as well
+(/proc/PID/autogroup), where the daemon can give that back at once: the kernel lets a
+process without CAP_SYS_ADMIN change an autogroup's nice value only once in a tenth of a
+second, machine-wide, so the daemon tries two changes in a row once, at start.
 """
 
 from __future__ import annotations
@@ -43,10 +52,12 @@ LOWERED_S = 1.0
 @dataclasses.dataclass(frozen=True)
 class StartPriority:
     """`normal`: the daemon's own nice value, which a sandbox's processes inherit. `lowers`:
-    whether starts run at STARTING_NICE (see the module's docstring)."""
+    whether starts run at STARTING_NICE (see the module's docstring). `autogroups`: whether
+    their autogroups are lowered too."""
 
     normal: int
     lowers: bool
+    autogroups: bool = False
 
     @classmethod
     def find(cls) -> StartPriority:
@@ -57,7 +68,14 @@ class StartPriority:
         if not lowers:
             log.info("REPL interpreters start at the daemon's priority: it could not raise a "
                      "lowered one's again (no CAP_SYS_NICE, and RLIMIT_NICE too low)")
-        return cls(normal, lowers)
+            return cls(normal, False)
+        autogroups = _autogroups_on()
+        if autogroups and not _can_restore_autogroup():
+            log.info("REPL interpreters start at the daemon's priority beside other sessions: "
+                     "the kernel groups processes by session, and the daemon cannot change "
+                     "a group's priority twice in a row (no CAP_SYS_ADMIN)")
+            return cls(normal, False)
+        return cls(normal, True, autogroups)
 
     async def while_starting(self, pid: int, started: Callable[[], Awaitable[None]]) -> None:
         """Await `started()`, the process group of `pid` (a host pid, its leader) lowered
@@ -66,6 +84,8 @@ class StartPriority:
             await started()
             return
         _set(pid, STARTING_NICE)
+        if self.autogroups:
+            _set_autogroup(pid, STARTING_NICE)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._give_back_after, pid, LOWERED_S)
@@ -79,7 +99,8 @@ class StartPriority:
         self._give_back(pid)
 
     def _give_back(self, pid: int) -> None:
-        if not _set(pid, self.normal):
+        # A fresh autogroup's nice value is 0, whatever the daemon's own.
+        if not _set(pid, self.normal) or (self.autogroups and not _set_autogroup(pid, 0)):
             log.warning("the interpreter %d may run at a lowered priority: it could not be "
                         "raised again", pid)
 
@@ -114,3 +135,42 @@ def _can_restore(normal: int) -> bool:
     thread.start()
     thread.join()
     return raised == [True]
+
+
+def _set_autogroup(pid: int, nice: int) -> bool:
+    """The nice value of the autogroup `pid` leads; False if it is there and kept its own."""
+    try:
+        fd = os.open(f"/proc/{pid}/autogroup", os.O_WRONLY)
+    except FileNotFoundError:
+        return True  # it ended: nothing runs lowered
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"%d" % nice)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _autogroups_on() -> bool:
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled", "rb") as f:
+            return f.read().strip() == b"1"
+    except OSError:
+        return False  # a kernel without them
+
+
+def _can_restore_autogroup() -> bool:
+    """Whether the daemon may change an autogroup's nice value twice in a row (what a start
+    needs: lowered, then given back within the tenth of a second the kernel otherwise makes
+    it wait): its own group's value written back twice, which changes nothing."""
+    try:
+        with open("/proc/self/autogroup", "rb") as f:
+            own = int(f.read().rsplit(b" ", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return False
+    return _set_autogroup(os.getpid(), own) and _set_autogroup(os.getpid(), own)
