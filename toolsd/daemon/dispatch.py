@@ -51,10 +51,8 @@ from toolsd.wire.process_input import (
     ProcessWriteResult,
 )
 from toolsd.wire.protocol import (
-    FEATURES,
     CancelParams,
     HelloParams,
-    HelloResult,
     ImageReadParams,
     ImageReadResult,
     ProcessListParams,
@@ -202,17 +200,8 @@ class Method(Generic[P]):
         return proc, proc.session
 
 
-def hello(sup: Supervisor, p: HelloParams, call: Call) -> HelloResult:
-    return HelloResult(
-        protocol=1,
-        server=sup.server_name,
-        sandbox=sup.host.sandbox_kind,
-        shells=sup.host_shells,
-        languages=sup.host_languages,
-        max_frame=sup.config.max_frame,
-        features=list(FEATURES),
-        tenant=call.tenant,
-    )
+def hello(sup: Supervisor, p: HelloParams, call: Call) -> msgspec.Raw:
+    return sup.hello_result(call.tenant)  # a HelloResult, encoded
 
 
 async def session_open(sup: Supervisor, p: SessionOpenParams, call: Call) -> SessionOpenResult:
