@@ -154,8 +154,9 @@ class Method(Generic[P]):
 
     def admit(self, sup: Supervisor, request: Request, tenant: str) -> P:
         """The params, once `tenant` may touch what they name (else ToolsdError)."""
-        params = decode(self.params, request)
-        check(sup, tenant, self.scope, params)
+        params = decode_params(self.params, request.params, request.method)
+        if self.scope is not Scope.NONE:
+            check(sup, tenant, self.scope, params)
         return params
 
     async def call(self, sup: Supervisor, params: P, answer: Answer | None,
