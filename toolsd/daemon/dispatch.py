@@ -186,8 +186,10 @@ class Method(Generic[P]):
         host_exec = session.repositories.look_now() if self.reports else []
         if host_exec is None:
             return LATER  # looking needs a worker thread
-        with session.call():
+        try:
             result = self.now(target, params, call)
+        finally:
+            session.ran_call()
         if result is LATER or not self.reports:
             return result
         return session.reported_as(result, host_exec)
