@@ -326,8 +326,9 @@ def listing_now(table: ProcessTable, p: ProcessListParams,
 
 
 def _hold_trees(stack: contextlib.ExitStack, procs: list[BackgroundProcess]) -> list[int | None]:
-    """Each process's tree, held until `stack` closes (Job.holding_tree); a finished one's
-    is gone for good and is not held: most listed processes have finished."""
+    """Each process's tree, held until `stack` closes (Job.holding_tree), but for one with
+    no tree to hold (Job.tree_gone: a finished one's is gone for good), which gives None
+    without the hold's context manager."""
     return [None if bg.job.tree_gone else stack.enter_context(bg.job.holding_tree())
             for bg in procs]
 
