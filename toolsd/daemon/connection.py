@@ -145,7 +145,7 @@ class Connection:
 
     async def serve(self) -> None:
         self._frames = FrameReader(self.max_frame)
-        self._socket_reader = FdReader(self.fd)
+        self._socket_reader = FdReader(self.fd, yield_later=True)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._read_requests()
