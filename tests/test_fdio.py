@@ -20,9 +20,9 @@ def flood():
         os.close(fd)
 
 
-@pytest.mark.parametrize("wait_after_short", [False, True])
-async def test_a_flood_does_not_starve_other_tasks(flood, wait_after_short):
-    reader = FdReader(flood, wait_after_short=wait_after_short)
+@pytest.mark.parametrize("options", [{}, {"wait_after_short": True}, {"yield_later": True}])
+async def test_a_flood_does_not_starve_other_tasks(flood, options):
+    reader = FdReader(flood, **options)
     ticks = 0
 
     async def ticker():
@@ -40,6 +40,35 @@ async def test_a_flood_does_not_starve_other_tasks(flood, wait_after_short):
         nursery.cancel_scope.cancel()
     # A reader that never yielded would leave the ticker at its first tick.
     assert ticks >= 5  # twenty reads: a turn at least every fourth
+
+
+class _Yields(trio.abc.Instrument):
+    """Counts the times a task gave its turn to the scheduler."""
+
+    def __init__(self, task: trio.lowlevel.Task):
+        self.task = task
+        self.count = 0
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.count += 1
+
+
+async def test_a_reader_that_yields_later_returns_a_floods_data_before_the_others_turn(
+        flood):
+    # The client socket's reader: a request read in a flood is answered before the other
+    # tasks' turn, which comes at the start of the next read.
+    reader = FdReader(flood, yield_later=True)
+    yields = _Yields(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(yields)
+    try:
+        await reader.read(16)
+        await reader.read(16)  # the second in a row without waiting: a turn is due
+        assert yields.count == 0
+        await reader.read(16)
+        assert yields.count == 1
+    finally:
+        trio.lowlevel.remove_instrument(yields)
 
 
 async def test_a_cancelled_read_takes_nothing_from_the_descriptor():

@@ -21,6 +21,11 @@ class Activity:
         self.busy -= 1
         self.since = max(self.since, now)
 
+    def ran(self, now: float) -> None:
+        """A call began and ended at `now`, with no wait between (nothing could see it
+        busy): as begin() and end(now)."""
+        self.since = max(self.since, now)
+
     def restart(self, now: float) -> None:
         """As if the session had just opened (a warm spare handed out)."""
         self.since = now

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Final
 
 import msgspec
 import trio
@@ -145,7 +145,7 @@ class Connection:
 
     async def serve(self) -> None:
         self._frames = FrameReader(self.max_frame)
-        self._socket_reader = FdReader(self.fd)
+        self._socket_reader = FdReader(self.fd, yield_later=True)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._read_requests()
@@ -182,15 +182,17 @@ class Connection:
                     except _NOT_A_REQUEST as e:
                         await self.refuse(BAD_FRAME, _not_a_request(e))
                         return
+                    method = dispatch.METHODS.get(request.method)
+                    params = self._answer_now(request, method)
+                    if params is _ANSWERED:
+                        continue
                     entry = self.requests.admit(request)
                     if entry is None:
                         # Answered here, in order: a client that does not read them
                         # stops our reading when its socket fills.
                         await self.send(self.refuse_busy(request))
                         continue
-                    entry.method = dispatch.METHODS.get(request.method)
-                    if self._answer_now(entry):
-                        continue
+                    entry.method, entry.params = method, params
                     # A client waiting for this answer sends nothing before it: the next
                     # read would find nothing, and costs a system call and an exception.
                     self._socket_reader.wait_next()
@@ -233,25 +235,24 @@ class Connection:
         self.requests.undetach(entry)
         return False
 
-    def _answer_now(self, entry: Entry) -> bool:
+    def _answer_now(self, request: Request, method: dispatch.Method | None) -> object:
         """Answer here, in the task that read it, a request that cannot wait: a `cancel`, one
         whose row says `instant`, or one whose row's `now` has its answer at once. No task,
-        no cancel scope: each is a pass of trio's scheduler, which costs more than such a
-        request. False for any other request (admitted already, if its `now` said LATER)."""
-        request = entry.request
+        no cancel scope, no entry in the table unless its answer waits to be written: each
+        costs more than such a request. _ANSWERED once answered; else None, or the params a
+        `now` admitted before it said LATER. One the table would refuse goes the usual way."""
+        if not self.requests.would_admit(request):
+            return None
         if request.method == "cancel":
             reply = self.cancel(request)
+        elif method is None or not (method.instant or method.now is not None):
+            return None
         else:
-            method = entry.method
-            if method is None or not entry.registered or not (
-                    method.instant or method.now is not None):
-                return False
             try:
                 params = method.admit(self.supervisor, request, self.tenant)
                 result = method.call_now(params, self._call_now)
                 if result is dispatch.LATER:
-                    entry.params = params
-                    return False
+                    return params
                 reply = Reply(id=request.id, result=result)
             except (ToolsdError, SandboxError) as e:
                 reply = _refused(request.id, e)
@@ -259,9 +260,14 @@ class Connection:
                 log.exception("internal error in %s", request.method)
                 reply = _error(request.id, INTERNAL, f"{request.method} failed inside toolsd; "
                                                      f"the daemon log has the trace")
-        self.requests.answered(entry)
-        self._send_reply(entry, reply)
-        return True
+        if self._nursery.cancel_scope.cancel_called:
+            return _ANSWERED  # the connection is closing: nobody reads answers any more
+        rest = self._write_now(self._encode(reply))
+        if rest is not None:  # it holds a slot until its answer is out, as any request
+            entry = self.requests.admit(request)
+            self.requests.answered(entry)
+            self._nursery.start_soon(self._write_later, entry, rest)
+        return _ANSWERED
 
     def _start_task(self, entry: Entry) -> None:
         self._nursery.start_soon(self.handle, entry)
@@ -269,20 +275,14 @@ class Connection:
     def _deliver(self, entry: Entry, result: object) -> None:
         """Answer a request that has no task: at once if nobody else is writing, else from a
         task that waits its turn. Never raises."""
-        self._send_reply(entry, Reply(id=entry.request.id, result=result))
-
-    def _send_reply(self, entry: Entry, reply: Reply) -> None:
-        """_deliver's write, for any answered request without a task."""
         if self._nursery.cancel_scope.cancel_called:
             self.requests.release(entry)
             return  # the connection is closing: nobody reads answers any more
-        frame = self._encode(reply)
-        if not self._write_now(frame):
-            self._nursery.start_soon(self._write_later, entry, frame)
-        elif self._unsent:
-            self._nursery.start_soon(self._write_later, entry, b"")
-        else:
+        rest = self._write_now(self._encode(Reply(id=entry.request.id, result=result)))
+        if rest is None:
             self.requests.release(entry)
+        else:
+            self._nursery.start_soon(self._write_later, entry, rest)
 
     async def _write_later(self, entry: Entry, frame: bytes) -> None:
         # The request keeps its slot until its answer is out: a client that does not read
@@ -310,20 +310,22 @@ class Connection:
             entry.run_after()
             self.requests.release(entry)
 
-    def _write_now(self, frame: bytes) -> bool:
-        """Write `frame` if that takes no waiting for another writer; what the socket does
-        not take at once is left in `_unsent`, which goes out before any other frame. False
-        if someone else is writing."""
+    def _write_now(self, frame: bytes) -> bytes | None:
+        """Write `frame` if that takes no waiting for another writer. None once it is out
+        whole (or the client is gone); else what _write_later has to write: the frame, if
+        someone else is writing, or b"" (the rest waits in `_unsent`, first out)."""
         if self.send_lock.locked() or self._unsent:
-            return False
+            return frame
         try:
             written = os.write(self.fd, frame)
         except BlockingIOError:
             written = 0
         except OSError:
-            return True  # the client went away; its requests are being cancelled
+            return None  # the client went away; its requests are being cancelled
+        if written == len(frame):
+            return None
         self._unsent = frame[written:]
-        return True
+        return b""
 
     async def run(self, entry: Entry) -> Reply:
         """The reply to a request; it is `answered` (no longer found by `cancel`) once its
@@ -372,6 +374,8 @@ class Connection:
         entry.escalate()  # if it has no task: its task, already cancelled, undoes what it started
         return Reply(id=request.id, result={})
 
+
+_ANSWERED: Final = object()  # what _answer_now returns for a request it answered
 
 # What decoding a frame that is not a request raises (RecursionError: a tiny frame of 1,000
 # nested arrays).

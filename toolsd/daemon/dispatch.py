@@ -51,10 +51,8 @@ from toolsd.wire.process_input import (
     ProcessWriteResult,
 )
 from toolsd.wire.protocol import (
-    FEATURES,
     CancelParams,
     HelloParams,
-    HelloResult,
     ImageReadParams,
     ImageReadResult,
     ProcessListParams,
@@ -156,8 +154,9 @@ class Method(Generic[P]):
 
     def admit(self, sup: Supervisor, request: Request, tenant: str) -> P:
         """The params, once `tenant` may touch what they name (else ToolsdError)."""
-        params = decode(self.params, request)
-        check(sup, tenant, self.scope, params)
+        params = decode_params(self.params, request.params, request.method)
+        if self.scope is not Scope.NONE:
+            check(sup, tenant, self.scope, params)
         return params
 
     async def call(self, sup: Supervisor, params: P, answer: Answer | None,
@@ -187,8 +186,10 @@ class Method(Generic[P]):
         host_exec = session.repositories.look_now() if self.reports else []
         if host_exec is None:
             return LATER  # looking needs a worker thread
-        with session.call():
+        try:
             result = self.now(target, params, call)
+        finally:
+            session.ran_call()
         if result is LATER or not self.reports:
             return result
         return session.reported_as(result, host_exec)
@@ -202,17 +203,8 @@ class Method(Generic[P]):
         return proc, proc.session
 
 
-def hello(sup: Supervisor, p: HelloParams, call: Call) -> HelloResult:
-    return HelloResult(
-        protocol=1,
-        server=sup.server_name,
-        sandbox=sup.host.sandbox_kind,
-        shells=sup.host_shells,
-        languages=sup.host_languages,
-        max_frame=sup.config.max_frame,
-        features=list(FEATURES),
-        tenant=call.tenant,
-    )
+def hello(sup: Supervisor, p: HelloParams, call: Call) -> msgspec.Raw:
+    return sup.hello_result(call.tenant)  # a HelloResult, encoded
 
 
 async def session_open(sup: Supervisor, p: SessionOpenParams, call: Call) -> SessionOpenResult:

@@ -1,12 +1,14 @@
 """The requests in flight on one connection: each one's slot, cancel scope and detached state.
 
 Invariant: every admitted request holds one of `limit` slots from the frame that brought it
-until its answer's frame is written (or dropped because the connection is closing). At each
-moment exactly one party owns it: the task that runs it (TASK), or, for a request started
-without a task, its Entry as the tools.answers.Detached the tool answers through (DETACHED);
-once answered, the write of its answer (WRITING). The slot comes back once, in `release`, on
-the move WRITING -> RELEASED. A request can be cancelled (found by id) while it is TASK or
-DETACHED, and only if it was registered: `cancel` requests and a repeated id are not.
+until its answer's frame is written (or dropped because the connection is closing); one
+answered and written whole in the step that read it, while a slot was free, is not even
+admitted (`would_admit`). At each moment exactly one party owns an admitted request: the
+task that runs it (TASK), or, for a request started without a task, its Entry as the
+tools.answers.Detached the tool answers through (DETACHED); once answered, the write of its
+answer (WRITING). The slot comes back once, in `release`, on the move WRITING -> RELEASED.
+A request can be cancelled (found by id) while it is TASK or DETACHED, and only if it was
+registered: `cancel` requests and a repeated id are not.
 
 No I/O here: the connection starts the tasks and writes the answers (`start_task`,
 `deliver`). docs/sequences.md draws the moves of a detached repl.exec.
@@ -139,6 +141,14 @@ class RequestTable:
         if registered:
             self._registered[request.id] = entry
         return entry
+
+    def would_admit(self, request: Request) -> bool:
+        """Whether `admit` would give it a slot and register it (a `cancel` is never
+        registered): a request the connection then answers and writes whole in the same
+        step need not be admitted at all, as its slot would come back before anyone could
+        look."""
+        return self.taken < self.limit and (request.method == "cancel"
+                                            or request.id not in self._registered)
 
     def find(self, request_id: int) -> Entry | None:
         """The registered request with this id, while it is TASK or DETACHED."""

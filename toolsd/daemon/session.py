@@ -287,6 +287,11 @@ class Session(MemoryNotes):
         finally:
             self.activity.end(trio.current_time())
 
+    def ran_call(self) -> None:
+        """A call naming the session ran to its end without waiting: as `call()` around
+        it, without a context manager's calls."""
+        self.activity.ran(trio.current_time())
+
     def keep_active(self, job: Job) -> None:
         """The session is not idle until `job`'s whole tree has ended (a background process,
         with whatever it left running)."""

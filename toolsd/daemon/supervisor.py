@@ -34,8 +34,10 @@ from toolsd.tools.ports import PortForwards
 from toolsd.tools.repl_priority import StartPriority
 from toolsd.tools.process_table import ProcessTable
 from toolsd.wire.protocol import (
+    FEATURES,
     NOT_FOUND,
     SESSION_CLOSED,
+    HelloResult,
     SessionCloseResult,
     SessionOpenParams,
     ToolsdError,
@@ -92,6 +94,7 @@ class Supervisor:
         self.spares = SparePool(self)
         self.host_shells = [s for s in ("bash", "sh") if shutil.which(s)]
         self.host_languages = ["python"] + (["node"] if shutil.which("node") else [])
+        self._hello: dict[str, msgspec.Raw] = {}  # tenant -> hello's result (hello_result)
         # session id -> (why toolsd closed it by itself, its tenant)
         self._ended: dict[str, tuple[str, str]] = {}
         self.work_root = config.work_root or self.state.workspaces
@@ -130,6 +133,18 @@ class Supervisor:
     @property
     def server_name(self) -> str:
         return f"toolsd {__version__} (python {sys.version.split()[0]})"
+
+    def hello_result(self, tenant: str) -> msgspec.Raw:
+        """What hello answers `tenant`, encoded once: all of it is found at start and stays
+        while the daemon runs, and a reply carries the encoded bytes as they are (one entry
+        per tenant that ever said hello)."""
+        result = self._hello.get(tenant)
+        if result is None:
+            result = self._hello[tenant] = msgspec.Raw(msgspec.msgpack.encode(HelloResult(
+                protocol=1, server=self.server_name, sandbox=self.host.sandbox_kind,
+                shells=self.host_shells, languages=self.host_languages,
+                max_frame=self.config.max_frame, features=list(FEATURES), tenant=tenant)))
+        return result
 
     def _hidden_paths(self) -> dict[str, str]:
         """Folders sandboxed code must never reach, the daemon's own and --hide ones: {path:

@@ -30,13 +30,19 @@ class FdReader:
     the descriptor first rather than failing with EAGAIN (a system call and an exception
     saved). Right where data comes in separate bursts, like a command's output; slower on the
     client socket, where the next request often follows the reply at once. `wait_first`: the
-    first read waits too, as for the pipe of a command that has only just started."""
+    first read waits too, as for the pipe of a command that has only just started.
+    `yield_later`: in a flood, the turn given to the other tasks comes at the start of the
+    next read instead of before the data is returned: for a caller that answers what it
+    reads (the client socket), whose answer then goes out first."""
 
-    def __init__(self, fd: int, *, wait_after_short: bool = False, wait_first: bool = False):
+    def __init__(self, fd: int, *, wait_after_short: bool = False, wait_first: bool = False,
+                 yield_later: bool = False):
         self.fd = fd
         self._streak = 0  # reads in a row that found data without waiting
         self._wait_after_short = wait_after_short
         self._drained = wait_first  # the last read was short: the next one waits first
+        self._yield_later = yield_later
+        self._yield_now = False  # a flood's turn for the others, left to this read
 
     def wait_next(self) -> None:
         """The next read waits for the descriptor first, as after a short read: for a
@@ -48,9 +54,12 @@ class FdReader:
         """What is there to read, waiting until something is; b"" at end of file. OSError
         other than EAGAIN is the caller's."""
         if self._drained:
-            self._drained = False
+            self._drained = self._yield_now = False
             self._streak = 0
             await trio.lowlevel.wait_readable(self.fd)
+        elif self._yield_now:
+            self._yield_now = False
+            await trio.lowlevel.checkpoint()
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
         while True:
@@ -66,7 +75,10 @@ class FdReader:
                 # A flood: let the others run. Shielded, so that the data just read is
                 # returned rather than lost to a cancellation.
                 self._streak = 0
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                if self._yield_later:
+                    self._yield_now = True
+                else:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
             return data
 
 

@@ -307,7 +307,7 @@ async def listing(table: ProcessTable, p: ProcessListParams,
     measured, so how long the answer takes says nothing of them)."""
     procs = _visible(table, p, only)
     with contextlib.ExitStack() as stack:
-        shims = [stack.enter_context(bg.job.holding_tree()) for bg in procs]
+        shims = _hold_trees(stack, procs)
         if not any(shims):
             return _listed(procs, shims)
         # Each tree is measured from /proc, a read per process of trees of any size.
@@ -321,8 +321,16 @@ def listing_now(table: ProcessTable, p: ProcessListParams,
     (all finished: what they show is in memory); else None, and `listing` measures them."""
     procs = _visible(table, p, only)
     with contextlib.ExitStack() as stack:
-        shims = [stack.enter_context(bg.job.holding_tree()) for bg in procs]
+        shims = _hold_trees(stack, procs)
         return None if any(shims) else _listed(procs, shims)
+
+
+def _hold_trees(stack: contextlib.ExitStack, procs: list[BackgroundProcess]) -> list[int | None]:
+    """Each process's tree, held until `stack` closes (Job.holding_tree), but for one with
+    no tree to hold (Job.tree_gone: a finished one's is gone for good), which gives None
+    without the hold's context manager."""
+    return [None if bg.job.tree_gone else stack.enter_context(bg.job.holding_tree())
+            for bg in procs]
 
 
 def _visible(table: ProcessTable, p: ProcessListParams,

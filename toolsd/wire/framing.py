@@ -38,6 +38,12 @@ class FrameReader:
         self._need: int | None = None  # body length of the frame being read, once known
 
     def feed(self, data: bytes) -> list[bytes]:
+        if not self._buf and self._need is None and len(data) >= HEADER_SIZE:
+            # The usual read, one whole frame and nothing before it: no copy into the
+            # buffer and out again.
+            (length,) = _HEADER.unpack_from(data)
+            if length + HEADER_SIZE == len(data) and length <= self.limit:
+                return [data[HEADER_SIZE:]]
         self._buf += data
         frames = []
         while True:

@@ -240,8 +240,14 @@ class Job:
             self._hold.count -= 1
             self._release_if_done()
 
+    @property
+    def tree_gone(self) -> bool:
+        """No tree to hold: not started yet, or done and its shim released for good.
+        holding_tree() would give None, and a caller that only looks may skip it."""
+        return self._hold.fd == -1 or self.shim_pid <= 0
+
     def _tree_root(self) -> int | None:
-        if self._hold.fd == -1 or self.shim_pid <= 0:
+        if self.tree_gone:
             return None
         try:
             # A shim killed by its own command leaves a pid that anyone's new process may
