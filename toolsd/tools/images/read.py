@@ -95,8 +95,8 @@ async def read(session: SessionView, p: ImageReadParams) -> ImageReadResult:
     # The slot covers the read too: else concurrent reads would hold their whole files
     # while waiting for a decode slot.
     try:
-        async with threads.held(threads.limiter("image_decode", DECODE_SLOTS)):
-            data = await helper_read.read(session, p.path)
+        async with threads.held(threads.limiter("image_decode", DECODE_SLOTS)) as waited:
+            data = await helper_read.read(session, p.path, checked=not waited)
             if data is None:
                 data = await _read_in_sandbox(session, p.path)
 
