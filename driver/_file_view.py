@@ -17,6 +17,26 @@ def _inside(path, folder):
     return path == folder or folder == "/" or path.startswith(folder + "/")
 
 
+def _kernel_path(path):
+    """The real path of `path` as the kernel resolved it on opening it (one open and one
+    readlink, where os.path.realpath makes a system call for each component), or None where
+    the kernel cannot say (no such path, no /proc): os.path.realpath then says it."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        real = os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # A folder removed meanwhile, or one outside our root, is named in ways no path is.
+    if not real.startswith("/") or real.endswith(" (deleted)"):
+        return None
+    return real
+
+
 class FileView:
     """The session's view: its workspace and what is hidden in it (from the daemon's plan of
     the sandbox's mounts), its file size limit and umask."""
@@ -44,7 +64,7 @@ class FileView:
     def _real_dir(self, folder):
         real = self._real_dirs.get(folder)
         if real is None:
-            real = self._real_dirs[folder] = os.path.realpath(folder)
+            real = self._real_dirs[folder] = _kernel_path(folder) or os.path.realpath(folder)
         return real
 
     def is_hidden(self, real):

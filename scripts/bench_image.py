@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """image.read's speed: a 4000x3000 photo fitted to 1568 px through the daemon, next to the
-floor, the same work by Pillow in this process (read the file, `fit_image`).
+floor, the same work by Pillow in this process (read the file, `fit_image`); and what one
+small image.read costs in system calls of the daemon and of the session's file helper.
 
 Run alone (`.venv/bin/python scripts/bench_image.py`) or as a section of scripts/bench.py.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
 import time
 
@@ -19,6 +21,8 @@ sys.path.insert(0, HERE)
 PHOTO_SIZE = (4000, 3000)
 MAX_DIM = 1568
 ROUNDS = 15
+# image.reads counted by strace (call_counts)
+COUNTED = 200
 
 
 def photo_jpeg(size: tuple[int, int]) -> bytes:
@@ -50,12 +54,13 @@ def tiny_png() -> bytes:
 
 
 def bench_image() -> None:
+    import bench
     from bench import ms, report, running_daemon, stats, timed
 
     from toolsd.client import Client
     from toolsd.tools.images import MAX_PIXELS, fit_image
 
-    with running_daemon() as (sock, root, _proc):
+    with running_daemon() as (sock, root, proc):
         workspace = os.path.join(root, "ws")
         os.makedirs(workspace)
         cases = {"photo.jpg": photo_jpeg(PHOTO_SIZE), "dot.png": tiny_png()}
@@ -79,6 +84,7 @@ def bench_image() -> None:
                 photo, _ = stats(timed(lambda: c.image_read(session, "photo.jpg",
                                                             max_dim=MAX_DIM), ROUNDS, 2))
                 dot, _ = stats(timed(lambda: c.image_read(session, "dot.png"), 200, 20))
+                counts = call_counts(c, session, proc.pid)
             finally:
                 c.session_close(session)
         photo_floor, _ = stats(timed(in_process("photo.jpg"), ROUNDS, 2))
@@ -89,6 +95,37 @@ def bench_image() -> None:
            anchor=f"Pillow in-process {ms(photo_floor)}", ratio=photo / photo_floor)
     report("image.read 1x1 PNG (fixed cost per call), median", ms(dot),
            anchor=f"Pillow in-process {ms(dot_floor)}", ratio=dot / dot_floor)
+    if counts is None:
+        print("  (no strace: the counts are left out)")
+        return
+    hello, daemon, helper = counts
+    report("system calls of the daemon per image.read 1x1 PNG", f"{sum(daemon.values()):8.1f}",
+           anchor=f"hello {sum(hello.values()):.1f}",
+           ratio=sum(daemon.values()) / sum(hello.values()))
+    report("scheduler passes of the daemon per image.read 1x1 PNG",
+           f"{daemon.get('epoll_wait', 0):8.1f}", anchor=f"hello {hello.get('epoll_wait', 0):.1f}")
+    report("system calls of the file helper per image.read 1x1 PNG",
+           f"{sum(helper.values()):8.1f}")
+    tree = f" ({bench.TREE})" if bench.TREE else ""
+    for who, by_name in ((f"daemon{tree}", daemon), (f"file helper{tree}", helper)):
+        print(f"  {who}: " + ", ".join(f"{name} {n:.1f}" for name, n in
+                                       sorted(by_name.items(), key=lambda kv: -kv[1])))
+
+
+def call_counts(c, session: str, daemon: int):
+    """System calls per image.read of the 1x1 PNG, by name, of the daemon (its threads
+    too) and of the session's file helper, with the daemon's for a hello: counts that a
+    busy machine does not move. None without strace."""
+    if shutil.which("strace") is None:
+        return None
+    import psutil
+    from bench_calls import counted
+
+    helper = [p.pid for p in psutil.Process(daemon).children(recursive=True)
+              if p.name() == "toolsd-files"]
+    read = lambda: c.image_read(session, "dot.png")  # noqa: E731
+    return (counted([daemon], True, c.hello, COUNTED), counted([daemon], True, read, COUNTED),
+            counted(helper, False, read, COUNTED))
 
 
 if __name__ == "__main__":

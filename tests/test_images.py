@@ -1,4 +1,5 @@
 import io
+import random
 import os
 import struct
 import zlib
@@ -8,6 +9,7 @@ import pytest
 from PIL import Image, ImageDraw, PngImagePlugin
 
 from toolsd.tools.images import MIN_MAX_BYTES, ImageTooLarge, NotAnImage, fit_image
+from toolsd.tools.images.plain_png import sent_as_is
 from toolsd.tools.images.sniff import SMALL_BYTES, SMALL_PIXELS, kept_as_is
 
 from _crafted_images import jpeg_of_many_scans, jpeg_read_two_ways, png_of_many_chunks
@@ -432,3 +434,116 @@ def test_a_jpeg_of_a_thousand_scans_is_refused_before_its_pixels():
         fit_image(jpeg_read_two_ways(8192, 8192, scans=1000))
     with pytest.raises(ImageTooLarge, match="scans"):
         fit_image(jpeg_of_many_scans(1000))
+
+
+# ------------------------------------------------------------------ sent without a decode (plain_png)
+
+
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(
+        ">I", zlib.crc32(body, zlib.crc32(kind)))
+
+
+def png_of(rows: bytes, *, ihdr: bytes = struct.pack(">IIBBBBB", 2, 2, 8, 0, 0, 0, 0),
+           split: int | None = None, between: bytes = b"", cut: int = 0) -> bytes:
+    """A greyscale PNG whose raw rows (each a filter byte and its pixels) are given, CRCs
+    right: damaged only where a test damages it. `split`: the deflated rows in two IDAT
+    chunks at that byte, with `between` (whole chunks) between them; `cut`: bytes taken off
+    the end of the deflated rows."""
+    z = zlib.compress(rows)
+    z = z[:len(z) - cut]
+    cut = len(z) if split is None else split
+    idat = png_chunk(b"IDAT", z[:cut]) + between + (png_chunk(b"IDAT", z[cut:]) if
+                                                    split is not None else b"")
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + idat
+            + png_chunk(b"IEND", b""))
+
+
+SENT_WITHOUT_A_DECODE = {
+    **{f"png {mode}": encode(Image.effect_noise((7, 5), 60).convert(mode), "PNG")
+       for mode in ("1", "L", "LA", "P", "RGB", "RGBA")},
+    "png 16-bit grey": encode(Image.new("I;16", (10, 10), 300), "PNG"),
+    "png 2-bit palette, transparent": encode(Image.new("P", (9, 3)), "PNG", bits=2,
+                                             transparency=0),
+    "png colour key and dpi": encode(Image.new("RGB", (9, 3)), "PNG", transparency=(1, 2, 3),
+                                     dpi=(72, 72)),
+    "png at the pixel limit": SMALL_AS_THEY_ARE["png at the pixel limit"],
+    "png in two IDAT chunks": png_of(b"\0\1\2\0\3\4", split=4),
+}
+DECODED_TO_BE_SURE = {
+    "a row's filter unknown": png_of(b"\0\1\2\5\3\4"),
+    "rows missing": png_of(b"\0\1\2"),
+    "rows too many": png_of(b"\0\1\2\0\3\4\0\5\6"),
+    "deflate cut short": png_of(b"\0\1\2\0\3\4", cut=6),
+    "a chunk between its IDATs": png_of(b"\0\1\2\0\3\4", split=4,
+                                        between=png_chunk(b"gAMA", b"\0\0\0\1")),
+    "interlaced": png_of(b"\0\1\0\2\0\3\4", ihdr=struct.pack(">IIBBBBB", 2, 2, 8, 0, 0, 0, 1)),
+    "a bad CRC": encode(Image.new("L", (2, 2)), "PNG")[:-20] + b"\0" * 4
+                 + encode(Image.new("L", (2, 2)), "PNG")[-16:],
+    "a depth Pillow does not know": png_of(b"\0\1\2\0\3\4",
+                                           ihdr=struct.pack(">IIBBBBB", 2, 2, 3, 0, 0, 0, 0)),
+    "a palette without PLTE": png_of(b"\0\1\2\0\3\4",
+                                     ihdr=struct.pack(">IIBBBBB", 2, 2, 8, 3, 0, 0, 0)),
+    "text (may say an orientation)": SMALL_AS_THEY_ARE["png with plain text"],
+    "a JPEG": SMALL_AS_THEY_ARE["jpeg"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SENT_WITHOUT_A_DECODE))
+def test_a_plain_png_is_answered_as_fit_image_answers_without_a_decode(name):
+    data = SENT_WITHOUT_A_DECODE[name]
+    fitted = sent_as_is(data, 1568, 3_750_000, 100_000_000)
+    assert fitted is not None and fitted.data == data
+    assert fitted == fit_image(data)
+
+
+@pytest.mark.parametrize("name", sorted(DECODED_TO_BE_SURE))
+def test_a_png_not_checked_whole_is_left_to_fit_image(name):
+    assert sent_as_is(DECODED_TO_BE_SURE[name], 1568, 3_750_000, 100_000_000) is None
+
+
+@pytest.mark.parametrize("name", ["a row's filter unknown", "a chunk between its IDATs",
+                                  "deflate cut short", "a bad CRC"])
+def test_the_damaged_pngs_left_to_fit_image_are_refused_by_it(name):
+    # What sent_as_is leaves alone keeps fit_image's answer: for these, that they are damaged.
+    with pytest.raises(NotAnImage):
+        fit_image(DECODED_TO_BE_SURE[name])
+
+
+def test_a_plain_png_is_answered_within_the_callers_budget_only():
+    data = encode(Image.effect_noise((30, 20), 60).convert("RGB"), "PNG")
+    assert len(data) > MIN_MAX_BYTES
+    assert sent_as_is(data, 30, len(data), 600) is not None
+    assert sent_as_is(data, 29, len(data), 600) is None
+    assert sent_as_is(data, 30, len(data), 599) is None
+    assert sent_as_is(data, 30, len(data) - 1, 600) is None
+    small = SENT_WITHOUT_A_DECODE["png RGB"]
+    with pytest.raises(ValueError):
+        fit_image(small, max_bytes=MIN_MAX_BYTES - 1)
+    assert sent_as_is(small, 1568, MIN_MAX_BYTES - 1, 100_000_000) is None
+
+
+def test_whatever_plain_png_vouches_for_fit_image_answers_the_same():
+    # Damage of every kind, CRCs kept right so that it reaches the pixels.
+    rng = random.Random(23)
+    bases = list(SENT_WITHOUT_A_DECODE.values())
+    vouched = 0
+    for _ in range(3000):
+        data = bytearray(rng.choice(bases))
+        at = 8
+        while at + 12 <= len(data):
+            length = struct.unpack_from(">I", data, at)[0]
+            if at + 12 + length > len(data):
+                break
+            if length and rng.random() < 0.3:
+                data[at + 8 + rng.randrange(length)] = rng.randrange(256)
+                body = bytes(data[at + 4:at + 8 + length])
+                data[at + 8 + length:at + 12 + length] = struct.pack(">I", zlib.crc32(body))
+            at += 12 + length
+        if rng.random() < 0.2:
+            data = data[:rng.randrange(len(data))]
+        fitted = sent_as_is(bytes(data), 1568, 3_750_000, 100_000_000)
+        if fitted is not None:
+            vouched += 1
+            assert fitted == fit_image(bytes(data))
+    assert vouched > 100

@@ -55,3 +55,19 @@ async def test_a_cancelled_caller_takes_no_slot():
         async with threads.held(pool):
             pytest.fail("a cancelled caller got in")
     assert scope.cancelled_caught and pool.borrowed_tokens == 0
+
+
+async def test_held_says_whether_it_waited_for_its_slot():
+    # image.read asks again whether its session is open only after such a wait.
+    slots = trio.Semaphore(1)
+    said = []
+
+    async def user() -> None:
+        async with threads.held(slots) as waited:
+            said.append(waited)
+            await trio.sleep(0)  # the other user comes while this one holds the slot
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(user)
+        nursery.start_soon(user)
+    assert said == [False, True]

@@ -4,8 +4,7 @@ others of threads; `held` takes a slot of one with no needless pass of the sched
 
 from __future__ import annotations
 
-import contextlib
-from typing import AsyncIterator, Protocol
+from typing import Protocol
 
 import trio
 
@@ -30,18 +29,28 @@ class _Slots(Protocol):
     def release(self) -> None: ...
 
 
-@contextlib.asynccontextmanager
-async def held(slots: _Slots) -> AsyncIterator[None]:
-    """`async with slots` (a CapacityLimiter, Semaphore or Lock), without the pass through
-    trio's scheduler that its `acquire` makes even when a slot is free: on a short call
-    that pass costs more than the work. It waits only when none is free; a caller already
-    cancelled is stopped here all the same, before it takes a slot."""
-    await trio.lowlevel.checkpoint_if_cancelled()
-    try:
-        slots.acquire_nowait()
-    except trio.WouldBlock:
-        await slots.acquire()
-    try:
-        yield
-    finally:
-        slots.release()
+class held:
+    """`async with held(slots)`: `async with slots` (a CapacityLimiter, Semaphore or Lock),
+    without the pass through trio's scheduler that its `acquire` makes even when a slot is
+    free: on a short call that pass costs more than the work. It waits only when none is
+    free; a caller already cancelled is stopped here all the same, before it takes a slot.
+    `async with held(slots) as waited`: whether it waited (others ran meanwhile). A plain
+    class rather than an async generator, whose hooks and frames cost more than taking a
+    free slot."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: _Slots):
+        self._slots = slots
+
+    async def __aenter__(self) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+            return True
+        return False
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._slots.release()

@@ -236,18 +236,23 @@ class FileHelper:
     async def _read_loop(self, sock: socket.socket) -> None:
         buf = bytearray()
         why = "its socket closed"
+        # The last read took all the socket had (less than it asked for): the next one
+        # waits for more first, rather than asking a socket known to be empty.
+        drained = False
         try:
             while True:
                 while len(buf) < HEADER.size:
-                    if not await self._recv(sock, buf):
+                    if not (n := await self._recv(sock, buf, drained)):
                         return
+                    drained = n < _RECV
                 head, size = HEADER.unpack_from(buf)
                 if head > MAX_HEADER or size > MAX_READ:
                     why = f"it sent a frame of {head} + {size} bytes, over the limit"
                     return
                 while len(buf) < HEADER.size + head:
-                    if not await self._recv(sock, buf):
+                    if not (n := await self._recv(sock, buf, drained)):
                         return
+                    drained = n < _RECV
                 try:
                     reply = _decode_reply(bytes(buf[HEADER.size:HEADER.size + head]))
                 except msgspec.DecodeError as e:
@@ -266,6 +271,7 @@ class FileHelper:
                         if not n:
                             return
                         got += n
+                        drained = False
                     view.release()
                 self._deliver(reply, data)
         except (OSError, trio.ClosedResourceError) as e:
@@ -273,7 +279,11 @@ class FileHelper:
         finally:
             self._gone(sock, why)
 
-    async def _recv(self, sock: socket.socket, buf: bytearray) -> bool:
+    async def _recv(self, sock: socket.socket, buf: bytearray, wait_first: bool) -> int:
+        """Read what the socket has onto `buf`, waiting for it to have something (first, if
+        `wait_first`): how many bytes, 0 at its end."""
+        if wait_first:
+            await trio.lowlevel.wait_readable(sock)
         while True:
             try:
                 data, anc, _flags, _ = sock.recvmsg(_RECV, socket.CMSG_SPACE(4),
@@ -293,7 +303,7 @@ class FileHelper:
                     else:
                         os.close(fd)
         buf += data
-        return bool(data)
+        return len(data)
 
     def _deliver(self, reply: _HelperReply, data: bytes) -> None:
         fd = None

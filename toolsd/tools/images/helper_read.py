@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from toolsd.runtime import threads
-from toolsd.sandbox.errors import SandboxError
-from toolsd.tools import files
+from toolsd.sandbox.errors import LauncherError, SandboxError
 from toolsd.wire.files import MAX_READ
 from toolsd.wire.protocol import ToolsdError
 
@@ -23,9 +22,11 @@ if TYPE_CHECKING:
 __all__ = ["read"]
 
 
-async def read(session: SessionView, path: str) -> bytes | None:
+async def read(session: SessionView, path: str, checked: bool) -> bytes | None:
     """The whole file at `path` through the helper, or None: read it the other way. The
-    first call of a session starts the helper in the background and returns None."""
+    first call of a session starts the helper in the background and returns None.
+    `checked`: the caller asked session.check_open and has not waited since; else (or
+    after a wait for a read slot here) it is asked again before the helper reads."""
     helper = session.files
     if not helper.running:
         try:
@@ -34,10 +35,13 @@ async def read(session: SessionView, path: str) -> bytes | None:
             pass  # the session is closing: the reader process says so
         return None
     try:
-        async with threads.held(helper.read_slots):
-            result, data = await files.call(session, {"op": "read", "path": path,
-                                                      "offset": 0, "length": MAX_READ})
-    except (ToolsdError, SandboxError):
+        async with threads.held(helper.read_slots) as waited:
+            if waited or not checked:
+                session.check_open()
+            result, data = await helper.call(session.sandbox.launcher, session.start_soon,
+                                             {"op": "read", "path": path, "offset": 0,
+                                              "length": MAX_READ})
+    except (ToolsdError, SandboxError, LauncherError):
         return None
     if not result.get("eof") or len(data) != result.get("size"):
         return None  # larger than one read, or changed while read

@@ -2,7 +2,8 @@
 session's commands see: by its file helper once that runs, helper_read.py), fitted by fit.py
 in a worker thread, at most DECODE_SLOTS at a time; a small picture that goes out as it is
 (sniff.kept_as_is) is fitted in the event loop, where its one short decode costs less than
-the hop to a thread and back."""
+the hop to a thread and back, and a small plain PNG checked whole (plain_png.sent_as_is)
+is not decoded at all."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from toolsd.sandbox.errors import Fault
 from toolsd.sandbox.launch.spawn_request import SpawnRequest
 from toolsd.tools.images import helper_read
 from toolsd.tools.images.fit import ImageTooLarge, NotAnImage, fit_image
+from toolsd.tools.images.plain_png import sent_as_is
 from toolsd.tools.images.sniff import kept_as_is
 from toolsd.wire.protocol import (
     BAD_PARAMS,
@@ -93,8 +95,8 @@ async def read(session: SessionView, p: ImageReadParams) -> ImageReadResult:
     # The slot covers the read too: else concurrent reads would hold their whole files
     # while waiting for a decode slot.
     try:
-        async with threads.held(threads.limiter("image_decode", DECODE_SLOTS)):
-            data = await helper_read.read(session, p.path)
+        async with threads.held(threads.limiter("image_decode", DECODE_SLOTS)) as waited:
+            data = await helper_read.read(session, p.path, checked=not waited)
             if data is None:
                 data = await _read_in_sandbox(session, p.path)
 
@@ -102,10 +104,12 @@ async def read(session: SessionView, p: ImageReadParams) -> ImageReadResult:
                 return fit_image(data, max_dim=p.max_dim, max_bytes=p.max_bytes,
                                  max_pixels=MAX_PIXELS)
 
-            if kept_as_is(data, p.max_dim, p.max_bytes):
-                fitted = fit()
-            else:
-                fitted = await trio.to_thread.run_sync(fit)
+            fitted = sent_as_is(data, p.max_dim, p.max_bytes, MAX_PIXELS)
+            if fitted is None:
+                if kept_as_is(data, p.max_dim, p.max_bytes):
+                    fitted = fit()
+                else:
+                    fitted = await trio.to_thread.run_sync(fit)
     except NotAnImage as e:
         raise ToolsdError(NOT_AN_IMAGE, f"{p.path}: {e}") from None
     except ImageTooLarge as e:
