@@ -1144,7 +1144,7 @@ class SandboxInit:
                     self.reader.close()
                 # Only readers killed while a request waits count towards giving up on it:
                 # a session's `kill -9 -1` that killed idle shims costs it nothing.
-                if select.select([self.spawn_channel], [], [], 0)[0]:
+                if readable(self.spawn_channel):
                     self.reader_deaths += 1
                 self.reader = None
                 self.promote()

@@ -1,18 +1,21 @@
 """The launcher channel's messages: every shape driver/launcher.py sends decodes into its
 Struct, anything else is dropped, and what the daemon sends is what the launcher reads."""
 
+import logging
 import marshal
 import os
 import re
+import resource
 import signal
+import socket
 import types
 
 import pytest
 
 from driver import LAUNCHER_PY, PORT_CONNECT
 from driver import launcher as driver
-from toolsd.sandbox.launch.channel import (UNREADABLE, Done, Exited, Failed, Pong, Ready, Started,
-                                    decode, ping_message, spawn_message)
+from toolsd.sandbox.launch.channel import (UNREADABLE, Channel, Done, Exited, Failed, Pong, Ready,
+                                    Started, decode, ping_message, spawn_message)
 
 
 def sent(obj) -> bytes:
@@ -116,3 +119,33 @@ def test_a_spawn_request_carries_everything_the_launcher_reads():
 def test_a_ping_as_the_launcher_reads_it():
     msg = marshal.loads(marshal.dumps(ping_message(5)))
     assert (msg.get("op"), msg.get("n")) == ("ping", 5)
+
+
+async def test_a_message_whose_descriptors_do_not_fit_is_dropped_and_said(caplog):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    spawn_ours, spawn_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    channel = Channel(ours, spawn_ours)
+    pipe = os.pipe()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers = []
+    try:
+        driver.send(theirs, {"op": "started", "job": 1, "pid": 2}, list(pipe))
+        # Every number under our limit taken but one: the message's second fd cannot land.
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (max(map(int, os.listdir("/proc/self/fd"))) + 8, hard))
+        try:
+            while True:
+                fillers.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            os.close(fillers.pop())
+        with caplog.at_level(logging.WARNING, logger="toolsd.launcher"):
+            assert await channel.recv() == (UNREADABLE, [])
+    finally:
+        for fd in (*fillers, *pipe):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        channel.close()
+        theirs.close()
+        spawn_theirs.close()
+    assert "came truncated (its descriptors)" in caplog.text
+    assert "limit of open files" in caplog.text

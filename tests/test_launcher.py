@@ -668,6 +668,49 @@ async def test_spares_that_keep_dying_fail_the_request_clearly(nursery, wrapper,
         assert_gone(pids)
 
 
+async def test_killed_shims_are_replaced_when_the_channels_numbers_pass_fd_setsize(
+        nursery, wrapper):
+    """A daemon with many sessions holds more than FD_SETSIZE (1024) descriptors, and a
+    sandbox keeps its channels' numbers: the launcher must look at them with poll, not
+    select, or a reader killed from inside (kill -9 -1) ends the launcher and the session."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit ({hard}) leaves no room above 1024")
+    if soft != resource.RLIM_INFINITY and soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    try:
+        # Taken so that the channel's sockets land above 1024; freed once it started.
+        fillers = []
+        while (fd := os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)) < 1100:
+            fillers.append(fd)
+        fillers.append(fd)
+        try:
+            launcher = await Launcher.start(nursery, wrapper=wrapper, env=ENV)
+        finally:
+            for fd in fillers:
+                os.close(fd)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    pids = tree_pids(launcher)
+    try:
+        with trio.fail_after(30):
+            assert await run(launcher, ["echo", "before"]) == (b"before\n", (0, None))
+            await launcher.ping()
+            shims = [child for child in psutil.Process(launcher.host_pid).children()
+                     if child.name() == "toolsd-shim"]
+            assert shims
+            for shim in shims:  # the reader among them
+                shim.kill()
+            for shim in shims:
+                await wait_exited(shim.pid)
+            assert await run(launcher, ["echo", "after"]) == (b"after\n", (0, None))
+            assert launcher.alive
+    finally:
+        pids |= tree_pids(launcher)
+        await launcher.aclose()
+        assert_gone(pids)
+
+
 async def test_a_cancelled_spawn_ends_the_whole_tree_it_started(nursery, wrapper, tmp_path):
     # The shim takes its time to say `started` (as under load), so the command has forked
     # when the daemon learns of it: killing the command alone would leave its children.

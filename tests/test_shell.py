@@ -130,6 +130,42 @@ def test_setsid_double_fork_leftover_is_ended(daemon, client, session):
     assert not daemon.running("time.sleep(1000)")
 
 
+# A background process that takes a descriptor passed to it on a socket and keeps it.
+FD_KEEPER = """
+import socket, time
+server = socket.socket(socket.AF_UNIX)
+server.bind("/tmp/keeper.sock")
+server.listen()
+print("ready", flush=True)
+kept = socket.recv_fds(server.accept()[0], 1, 1)
+time.sleep(1000)
+"""
+PASS_STDOUT = ("import socket; s = socket.socket(socket.AF_UNIX); s.connect('/tmp/keeper.sock'); "
+               "socket.send_fds(s, [b'x'], [1])")
+
+
+def test_an_output_still_open_after_the_exit_says_that_it_may_be_cut(daemon, client, session):
+    # The command hands its output pipe to a process outside its tree, which is not ended
+    # with it: the answer comes once the drain gives up, and must say that the output had
+    # not ended rather than pass for all of it.
+    keeper = client.process_start(session, f"python3 -c '{FD_KEEPER}'")
+    try:
+        assert "ready" in client.process_output(keeper["id"], wait_s=60,
+                                                until="ready")["output"]
+        r = client.shell_run(session, f'echo before; python3 -c "{PASS_STDOUT}"')
+        assert r["exit_code"] == 0 and r["orphans_ended"] == 0
+        before, notice = r["output"].split("\n", 1)
+        assert before == "before"
+        assert notice.startswith("[toolsd: the output did not end within 1 s of the "
+                                 "command's exit")
+        # The log says who holds it: what a load run that meets this needs to know.
+        held = [line for line in daemon.read_log().splitlines()
+                if "its output did not end" in line]
+        assert held and "'python3')]" in held[-1] and "0 bytes unread" in held[-1]
+    finally:
+        client.process_stop(keeper["id"])
+
+
 def test_a_command_that_kills_its_shim_ends_with_its_whole_tree(daemon, client, session):
     # $PPID of `bash -c` is the launcher's shim, the subreaper of the command's tree. Killing
     # it must neither hold the call until its timeout nor leave the tree running. (The

@@ -7,8 +7,12 @@ cancel the whole tree is ended and the output so far returned.
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import re
+import struct
+import termios
 import time
 from typing import TYPE_CHECKING
 
@@ -18,6 +22,7 @@ from toolsd.runtime.child_fds import ChildFds
 from toolsd.tools.live_output import LiveOutput, sending
 from toolsd.tools.output import HeadTail
 from toolsd.runtime.fdio import FdReader
+from toolsd.sandbox.launch import proctree
 from toolsd.sandbox.launch.spawning import end_tree, pump, read_into, signal_name, spawn_shell
 from toolsd.tools.answers import Answer
 from toolsd.tools.spill import tee
@@ -28,10 +33,17 @@ if TYPE_CHECKING:
     from toolsd.sandbox.launch.job import Job
     from toolsd.tools.spill import Spill
 
+log = logging.getLogger("toolsd.shell")
+
 # After the command exits (and its leftovers are ended) we read what is already in the pipe for
 # at most this long: enough to drain a full pipe, short enough that a descriptor smuggled out of
 # the tree cannot hold the call.
 DRAIN_S = 1.0
+# What the output says when its pipe did not end within DRAIN_S of the exit: an answer cut
+# there must never pass for the command's whole output.
+HELD_OPEN_NOTICE = ("[toolsd: the output did not end within {:g} s of the command's exit "
+                    "(a process outside the command's tree holds its output pipe); anything "
+                    "written after that is not here]")
 # A timed-out or cancelled command gets this long between SIGTERM and SIGKILL.
 KILL_GRACE_S = 0.2
 # How long after the command's exit we wait for its shim to say the tree is empty before we go
@@ -112,7 +124,7 @@ async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParam
     cwd_report = bytearray()
     try:
         if cwd_fd is None:  # the usual case: no nursery, no task besides this one
-            timed_out, orphans = await _collect(job, read_fd, sink, live, p.timeout_s)
+            timed_out, orphans, held = await _collect(job, read_fd, sink, live, p.timeout_s)
         else:
             async with trio.open_nursery() as nursery:
                 cwd_done = trio.Event()
@@ -124,8 +136,8 @@ async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParam
                         cwd_done.set()
 
                 nursery.start_soon(read_cwd)
-                timed_out, orphans = await _collect(job, read_fd, sink, live, p.timeout_s,
-                                                    cwd_done)
+                timed_out, orphans, held = await _collect(job, read_fd, sink, live,
+                                                          p.timeout_s, cwd_done)
                 nursery.cancel_scope.cancel()
     finally:
         if not job.exited.is_set():
@@ -138,7 +150,8 @@ async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParam
                           f"command ran ({session.sandbox.launcher.death_reason()}); open a new "
                           f"session")
     notes = (session.memory_note(oom_kills),
-             git_config_notice(out.result()[0], global_config=session.home_is_own))
+             git_config_notice(out.result()[0], global_config=session.home_is_own),
+             HELD_OPEN_NOTICE.format(DRAIN_S) if held else "")
     notice = "\n".join(n for n in notes if n)
     output, truncated = out.result_with(notice)
     if live is not None:
@@ -160,10 +173,11 @@ async def _finish(session: SessionView, job: Job, read_fd: int, p: ShellRunParam
 
 
 async def _collect(job: Job, read_fd: int, sink, live: LiveOutput | None, timeout_s: float,
-                   cwd_done: trio.Event | None = None) -> tuple[bool, int]:
+                   cwd_done: trio.Event | None = None) -> tuple[bool, int, bool]:
     """Read the command's output into `sink` until it exits (or times out), end what it
     left, and drain what is left in the pipe for at most DRAIN_S (and the cwd report's, until
-    `cwd_done`); closes `read_fd`. (timed out, processes ended after the exit).
+    `cwd_done`); closes `read_fd`. (timed out, processes ended after the exit, whether the
+    output was still open when the drain gave up).
 
     The output is read in this task, which the command's exit wakes (Job.cancel_on_exit):
     a reader task of its own, and the nursery it needs, were two passes of the scheduler
@@ -202,13 +216,29 @@ async def _collect(job: Job, read_fd: int, sink, live: LiveOutput | None, timeou
             with trio.move_on_after(DRAIN_S):
                 if not eof:
                     await read_into(reader, sink, room)
+                    eof = True
                 if cwd_done is not None:
                     await cwd_done.wait()
+            if not eof:
+                await _log_held_open(job, read_fd)
     finally:
         # Nothing waits on it (this task's waits are over), and trio forgets a descriptor
         # once its wait ends: a plain close, with no notify_closing (and its epoll_ctl).
         os.close(read_fd)
-    return timed_out, orphans
+    return timed_out, orphans, not eof
+
+
+async def _log_held_open(job: Job, read_fd: int) -> None:
+    """Say in the log who holds the output pipe that did not end: a process the command
+    passed it to, or (nobody, or bytes waiting unread) a fault of ours to chase."""
+    try:
+        waiting = struct.unpack("i", fcntl.ioctl(read_fd, termios.FIONREAD, b"\0" * 4))[0]
+        held_by = await trio.to_thread.run_sync(proctree.holders, read_fd)
+    except OSError as e:
+        waiting, held_by = -1, str(e)
+    log.warning("shell.run job %d (%s, shim %d): its output did not end within %g s of its "
+                "exit; %d bytes unread; the pipe is held by %s", job.job, job.state.value,
+                job.shim_pid, DRAIN_S, waiting, held_by or "no other process")
 
 
 def _bounded(buf: bytearray):

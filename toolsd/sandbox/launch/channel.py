@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import errno
+import logging
 import marshal
 import math
 import os
@@ -22,6 +23,8 @@ import msgspec
 import trio
 
 from toolsd.sandbox.errors import LauncherError
+
+log = logging.getLogger("toolsd.launcher")
 
 MAX_MSG = 1 << 18  # more than any datagram the default socket buffers let through
 MAX_FDS = 4
@@ -188,7 +191,16 @@ class Channel:
         if not data:
             close_all(fds)
             return None, []
-        msg = UNREADABLE if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) else decode(data)
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            # The launcher sends nothing over MAX_MSG or MAX_FDS: it was cut on our side, most
+            # likely its descriptors past our open-files limit. Unsaid, what waited for it (a
+            # spawn's `started`) would fail later with no word of why.
+            log.warning("a message from the sandbox launcher was dropped: it came truncated "
+                        "(%s); is the daemon at its limit of open files (ulimit -n)?",
+                        "its descriptors" if flags & socket.MSG_CTRUNC else "its bytes")
+            close_all(fds)
+            return UNREADABLE, []
+        msg = decode(data)
         if msg is UNREADABLE:
             close_all(fds)
             return UNREADABLE, []

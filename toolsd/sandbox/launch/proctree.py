@@ -134,6 +134,26 @@ def kill_tree(root_pid: int, *, grace_s: float, include_root: bool) -> tuple[int
         killer.close()
 
 
+def holders(fd: int) -> list[tuple[int, str]]:
+    """(pid, name) of every other process that has the file open at our `fd`, read from the
+    whole /proc: slow, for a log line when a pipe does not end as it should."""
+    st = os.fstat(fd)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            for n in os.listdir(f"/proc/{name}/fd"):
+                other = os.stat(f"/proc/{name}/fd/{n}")
+                if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                    with open(f"/proc/{name}/comm") as f:
+                        found.append((int(name), f.read().strip()))
+                    break
+        except OSError:
+            continue  # gone, or not ours to look at
+    return found
+
+
 def _exited(pidfd: int) -> bool:
     """Whether the process of `pidfd` has exited (a zombie or reaped). poll, never select:
     the daemon holds thousands of descriptors, and select cannot take one numbered 1024 or
