@@ -13,7 +13,10 @@ waiting (a flood), so no reader starves the other tasks.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
+import termios
 
 import trio
 
@@ -23,6 +26,12 @@ import trio
 # history; 64 KiB stays under it. A pipe holds 64 KiB unless resized, so a flood loses
 # nothing.
 READ_SIZE = 64 * 1024
+
+
+def unread(fd: int) -> int:
+    """Bytes in the pipe or socket at `fd` that no reader took yet (FIONREAD). OSError is
+    the caller's."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
 
 
 class FdReader:

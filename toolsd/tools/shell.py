@@ -7,12 +7,9 @@ cancel the whole tree is ended and the output so far returned.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
-import struct
-import termios
 import time
 from typing import TYPE_CHECKING
 
@@ -21,7 +18,7 @@ import trio
 from toolsd.runtime.child_fds import ChildFds
 from toolsd.tools.live_output import LiveOutput, sending
 from toolsd.tools.output import HeadTail
-from toolsd.runtime.fdio import FdReader
+from toolsd.runtime.fdio import FdReader, unread
 from toolsd.sandbox.launch import proctree
 from toolsd.sandbox.launch.spawning import end_tree, pump, read_into, signal_name, spawn_shell
 from toolsd.tools.answers import Answer
@@ -232,7 +229,7 @@ async def _log_held_open(job: Job, read_fd: int) -> None:
     """Say in the log who holds the output pipe that did not end: a process the command
     passed it to, or (nobody, or bytes waiting unread) a fault of ours to chase."""
     try:
-        waiting = struct.unpack("i", fcntl.ioctl(read_fd, termios.FIONREAD, b"\0" * 4))[0]
+        waiting = unread(read_fd)
         held_by = await trio.to_thread.run_sync(proctree.holders, read_fd)
     except OSError as e:
         waiting, held_by = -1, str(e)

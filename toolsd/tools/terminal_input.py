@@ -15,6 +15,7 @@ import os
 import struct
 import termios
 
+from toolsd.runtime.fdio import unread
 from toolsd.wire.protocol import BAD_PARAMS, ToolsdError
 
 # What a terminal in canonical mode hands to a reader only at the end of a line (or as a
@@ -108,7 +109,7 @@ class ProcessInput:
         if self.terminal or not self.open:
             return 0
         try:
-            return struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0" * 4))[0]
+            return unread(self.fd)
         except OSError:
             return 0
 
