@@ -43,9 +43,12 @@ def check_path(path: str, what: str = "path") -> str:
     return path
 
 
-async def call(session: SessionView, meta: dict, data: bytes = b"", **options) -> tuple[dict, bytes]:
-    """One request to the session's file helper (started on first use)."""
-    session.check_open()
+async def call(session: SessionView, meta: dict, data: bytes = b"", *, checked: bool = False,
+               **options) -> tuple[dict, bytes]:
+    """One request to the session's file helper (started on first use). `checked`: the
+    caller asked session.check_open and has not waited since, so it is not asked again."""
+    if not checked:
+        session.check_open()
     try:
         return await session.files.call(session.sandbox.launcher, session.start_soon, meta, data,
                                         **options)

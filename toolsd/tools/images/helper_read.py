@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from toolsd.runtime import threads
-from toolsd.sandbox.errors import LauncherError, SandboxError
+from toolsd.sandbox.errors import SandboxError
+from toolsd.tools import files
 from toolsd.wire.files import MAX_READ
 from toolsd.wire.protocol import ToolsdError
 
@@ -36,12 +37,10 @@ async def read(session: SessionView, path: str, checked: bool) -> bytes | None:
         return None
     try:
         async with threads.held(helper.read_slots) as waited:
-            if waited or not checked:
-                session.check_open()
-            result, data = await helper.call(session.sandbox.launcher, session.start_soon,
-                                             {"op": "read", "path": path, "offset": 0,
-                                              "length": MAX_READ})
-    except (ToolsdError, SandboxError, LauncherError):
+            result, data = await files.call(session, {"op": "read", "path": path, "offset": 0,
+                                                      "length": MAX_READ},
+                                            checked=checked and not waited)
+    except (ToolsdError, SandboxError):
         return None
     if not result.get("eof") or len(data) != result.get("size"):
         return None  # larger than one read, or changed while read
