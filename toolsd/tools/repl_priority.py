@@ -86,17 +86,20 @@ class StartPriority:
         _set(pid, STARTING_NICE)
         if self.autogroups:
             _set_autogroup(pid, STARTING_NICE)
+        given_back: list[bool] = []  # by the timer, after LOWERED_S
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._give_back_after, pid, LOWERED_S)
+                nursery.start_soon(self._give_back_after, pid, LOWERED_S, given_back)
                 await started()
                 nursery.cancel_scope.cancel()
         finally:
-            self._give_back(pid)
+            if not given_back:
+                self._give_back(pid)
 
-    async def _give_back_after(self, pid: int, seconds: float) -> None:
+    async def _give_back_after(self, pid: int, seconds: float, given_back: list[bool]) -> None:
         await trio.sleep(seconds)
         self._give_back(pid)
+        given_back.append(True)
 
     def _give_back(self, pid: int) -> None:
         # A fresh autogroup's nice value is 0, whatever the daemon's own.
