@@ -12,6 +12,7 @@ import pytest
 
 from conftest import needs_bwrap, wait_for, wait_gone
 from toolsd.client import Client
+from toolsd.tools import repl_priority
 from toolsd.tools.repl_priority import StartPriority
 
 pytestmark = [needs_bwrap, pytest.mark.daemon("--interpreter-starts", "1")]
@@ -133,9 +134,11 @@ def priority_once(wanted):
         time.sleep(0.001)
     return priority()
 what = "driver" if sys.argv and sys.argv[0].endswith("python_repl.py") else "asked"
-note(f"{{what}} at {{priority_once(lambda p: p.split(' group ') == ['19'] * {parts})}}")
+lowest = lambda p: not {lowers} or p.split(' group ') == ['19'] * {parts}
+note(f"{{what}} at {{priority_once(lowest)}}")
 if what == "driver":
-    note(f"driver then at {{priority_once(lambda p: '19' not in p.split(' group '))}}")
+    raised = lambda p: not {lowers} or '19' not in p.split(' group ')
+    note(f"driver then at {{priority_once(raised)}}")
 """
 
 
@@ -143,10 +146,14 @@ def test_an_interpreter_starts_lowered_and_runs_the_code_at_the_daemons_priority
         daemon, client):
     site = os.path.join(daemon.workspace, "site")
     os.makedirs(site)
-    # The daemon runs as this test does: it lowers the autogroups where this finds it can.
-    groups = StartPriority.find().autogroups
+    # The daemon runs as this test does: it lowers starts, and their autogroups, where this
+    # finds it can. Where it cannot (autogroups on, and no CAP_SYS_ADMIN to give one's
+    # priority back at once, as in a container), starts run at its own priority throughout.
+    found = StartPriority.find()
+    groups = found.autogroups
     with open(os.path.join(site, "sitecustomize.py"), "w") as f:
-        f.write(WATCH_PRIORITY.format(stuck_s=STUCK_S, groups=groups, parts=2 if groups else 1))
+        f.write(WATCH_PRIORITY.format(stuck_s=STUCK_S, groups=groups, parts=2 if groups else 1,
+                                      lowers=found.lowers))
     own = os.getpriority(os.PRIO_PROCESS, daemon.proc.pid)
     code = ("import os, subprocess\n"
             "print(os.getpriority(os.PRIO_PROCESS, 0))\n"
@@ -160,9 +167,25 @@ def test_an_interpreter_starts_lowered_and_runs_the_code_at_the_daemons_priority
     with open(os.path.join(site, "priority.log")) as f:
         notes = f.read().splitlines()
     lowered, given_back = ("19 group 19", f"{own} group 0") if groups else ("19", f"{own}")
+    if not found.lowers:
+        lowered = given_back
     driver = [f"driver at {lowered}", f"driver then at {given_back}"]
     # The real path is asked only where the sandbox has a python3 of its own.
     assert notes in (driver, [f"asked at {lowered}", *driver]), notes
+
+
+def test_starts_run_at_the_daemons_priority_where_an_autogroup_cannot_be_given_back(
+        monkeypatch):
+    # Autogroups on and no CAP_SYS_ADMIN (a container): a start lowered by its nice value
+    # alone would gain nothing, and its autogroup could be given back only a tenth of a
+    # second later, so starts are not lowered at all.
+    monkeypatch.setattr(repl_priority, "_autogroups_on", lambda: True)
+    monkeypatch.setattr(repl_priority, "_can_restore_autogroup", lambda: False)
+    monkeypatch.setattr(repl_priority, "_can_restore", lambda normal: True)
+    monkeypatch.setattr(os, "getpriority", lambda which, who: 0)
+    assert StartPriority.find() == StartPriority(0, lowers=False, autogroups=False)
+    monkeypatch.setattr(repl_priority, "_can_restore_autogroup", lambda: True)
+    assert StartPriority.find() == StartPriority(0, lowers=True, autogroups=True)
 
 
 def test_asking_python3_for_its_real_path_runs_none_of_the_sites_code(daemon, client):
