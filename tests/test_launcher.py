@@ -536,10 +536,12 @@ async def test_spares_stopped_from_inside_are_resumed_and_killed_ones_replaced(l
         quick, quick_out = await spawn_piped(launcher, ["true"])
         os.close(quick_out)
         await quick.done.wait()
-        await launcher.ping()
-        children = {child.pid for child in psutil.Process(launcher.host_pid).children()}
-        spares = children - {signaller.shim_pid}
-        assert len(spares) == 2, (children, signaller.shim_pid)  # the reader and a standby
+        # The launcher forks the next reader when it reads the second shim's "took", which
+        # may come after the job's end reached us (and after a ping's answer).
+        while len(spares := {child.pid for child in psutil.Process(launcher.host_pid).children()}
+                  - {signaller.shim_pid}) < 2:
+            await trio.sleep(0.01)
+        assert len(spares) == 2, (spares, signaller.shim_pid)  # the reader and a standby
         async with trio.lowlevel.FdStream(out_fd) as signaller_out:
             async def signal_from_inside(sig):
                 for spare in spares:
