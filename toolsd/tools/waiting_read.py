@@ -165,6 +165,8 @@ class _WaitingRead:
         if result is None:
             return False
         took(self.proc, self.p, result)
-        self._move(WaitState.ANSWERED)
+        # The answer goes out first: what leaving WAITING does (the alarm's cancel, above
+        # all) is none of the caller's wait.
         self.detached.finish(result)
+        self._move(WaitState.ANSWERED)
         return True
