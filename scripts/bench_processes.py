@@ -11,6 +11,7 @@ import os
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -100,6 +101,9 @@ def bench_processes() -> None:
            anchor=f"bare pipe {ms(a_median)}", ratio=median / a_median, target="< 5 ms")
     report("line -> waiting process.output (until), p90", ms(p90),
            anchor=f"bare pipe {ms(a_p90)}", ratio=p90 / a_p90)
+    r_median, _ = stats(relay_line_latency(LATENCY_SAMPLES))
+    report("line -> waiting process.output (until), median", ms(median),
+           anchor=f"trio relay {ms(r_median)}", ratio=median / r_median)
     if late:
         print(f"  ({late} of {LATENCY_SAMPLES} lines were already there when the read "
               f"started; left out)")
@@ -207,6 +211,43 @@ def pipe_line_latency(n: int) -> list[float]:
             samples.append(now - float(lines[0][2:]))
     proc.wait()
     return samples
+
+
+def relay_line_latency(n: int) -> list[float]:
+    """Anchor for any daemon in the middle: the ticker's pipe read by a trio process of its
+    own, which writes each chunk to a socket that we block on (two wakeups, as through
+    toolsd, and no work between them)."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the relay
+        ours.close()
+        try:
+            trio.run(_relay, theirs.fileno(), n)
+        finally:
+            os._exit(0)
+    theirs.close()
+    samples, buf = [], b""
+    with ours:
+        while data := ours.recv(65536):
+            now = time.time()
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            if len(lines) == 1:
+                samples.append(now - float(lines[0][2:]))
+    os.waitpid(pid, 0)
+    return samples
+
+
+async def _relay(out_fd: int, n: int) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", TICKER, str(n)], stdout=subprocess.PIPE)
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    while True:
+        await trio.lowlevel.wait_readable(fd)
+        if not (data := os.read(fd, 65536)):
+            break
+        os.write(out_fd, data)
+    proc.wait()
 
 
 def _quote(text: str) -> str:
