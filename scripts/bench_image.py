@@ -84,6 +84,8 @@ def bench_image() -> None:
                 photo, _ = stats(timed(lambda: c.image_read(session, "photo.jpg",
                                                             max_dim=MAX_DIM), ROUNDS, 2))
                 dot, _ = stats(timed(lambda: c.image_read(session, "dot.png"), 200, 20))
+                one_core = on_one_core(lambda: c.image_read(session, "dot.png"),
+                                       in_process("dot.png"))
                 counts = call_counts(c, session, proc.pid)
             finally:
                 c.session_close(session)
@@ -95,6 +97,9 @@ def bench_image() -> None:
            anchor=f"Pillow in-process {ms(photo_floor)}", ratio=photo / photo_floor)
     report("image.read 1x1 PNG (fixed cost per call), median", ms(dot),
            anchor=f"Pillow in-process {ms(dot_floor)}", ratio=dot / dot_floor)
+    if one_core is not None:
+        report("image.read 1x1 PNG, all on one core, median", ms(one_core[0]),
+               anchor=f"Pillow in-process {ms(one_core[1])}", ratio=one_core[0] / one_core[1])
     if counts is None:
         print("  (no strace: the counts are left out)")
         return
@@ -110,6 +115,24 @@ def bench_image() -> None:
     for who, by_name in ((f"daemon{tree}", daemon), (f"file helper{tree}", helper)):
         print(f"  {who}: " + ", ".join(f"{name} {n:.1f}" for name, n in
                                        sorted(by_name.items(), key=lambda kv: -kv[1])))
+
+
+def on_one_core(read, floor) -> tuple[float, float] | None:
+    """Medians of the small image.read and of its floor with this process and every process
+    it started (the daemon, the session's file helper) on core 0: each wakeup is then a
+    switch, not an interrupt to the other core (on a VM, through the hypervisor). None on
+    one core."""
+    if len(os.sched_getaffinity(0)) < 2:
+        return None
+    import psutil
+    from bench import pinned, stats, timed
+
+    with pinned([p.pid for p in psutil.Process().children(recursive=True)], apart=False):
+        reads, floors = [], []
+        for _ in range(4):  # in turns, so that a drift of the machine meets both alike
+            reads += timed(read, 50, 10)
+            floors += timed(floor, 50, 10)
+    return stats(reads)[0], stats(floors)[0]
 
 
 def call_counts(c, session: str, daemon: int):

@@ -23,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench import ms, report, running_daemon, stats, timed, trio_echo, us  # noqa: E402
+from bench import (  # noqa: E402
+    ms, pinned, report, running_daemon, stats, timed, trio_echo, us)
 
 from driver import PYTHON_REPL  # noqa: E402
 from toolsd.client import Client  # noqa: E402
@@ -72,6 +73,7 @@ def bench_repl() -> None:
             echo += timed(echo_one, ROUND_TRIPS // ROUNDS, warmup=50)
             if jupyter_one is not None:
                 jupyter += timed(jupyter_one, JUPYTER_ROUND_TRIPS // ROUNDS, warmup=5)
+        one_core = on_one_core(toolsd_one, bare_one, echo_one)
     median, p90 = stats(toolsd)
     bare_median, bare_p90 = stats(bare)
     report('repl.exec("x = 1") round trip, median', us(median),
@@ -84,6 +86,10 @@ def bench_repl() -> None:
     hops = stats(echo)[0] + bare_median
     report('repl.exec("x = 1") against its two hops alone', us(median),
            anchor=f"trio echo + bare pipe {us(hops)}", ratio=median / hops)
+    if one_core is not None:
+        median_1, hops_1 = one_core
+        report('repl.exec("x = 1") against its two hops, all on one core', us(median_1),
+               anchor=f"trio echo + bare pipe {us(hops_1)}", ratio=median_1 / hops_1)
     if not jupyter:
         report("jupyter_client + ipykernel, execute to idle", "not installed",
                anchor="pip install -e '.[bench]'")
@@ -99,6 +105,24 @@ def bench_repl() -> None:
     report("python3 -c per call, median", ms(pc_median),
            anchor=f"toolsd {us(median)}", ratio=pc_median / median)
     bench_repl_start()
+
+
+def on_one_core(toolsd_one, bare_one, echo_one) -> tuple[float, float] | None:
+    """Medians of repl.exec and of its two hops with this process and every process it
+    started (the daemon, its sandbox and interpreter, the echo server, the bare driver) on
+    core 0: each wakeup is then a switch, not an interrupt to the other core (on a VM,
+    through the hypervisor), and what is left is the CPU each takes. None on one core."""
+    if len(os.sched_getaffinity(0)) < 2:
+        return None
+    import psutil
+
+    toolsd, bare, echo = [], [], []
+    with pinned([p.pid for p in psutil.Process().children(recursive=True)], apart=False):
+        for _ in range(ROUNDS):
+            toolsd += timed(toolsd_one, ROUND_TRIPS // ROUNDS, warmup=50)
+            bare += timed(bare_one, ROUND_TRIPS // ROUNDS, warmup=50)
+            echo += timed(echo_one, ROUND_TRIPS // ROUNDS, warmup=50)
+    return stats(toolsd)[0], stats(echo)[0] + stats(bare)[0]
 
 
 FRESH_TURNS = 15
