@@ -186,6 +186,22 @@ def pinned(server_pids: list[int], apart: bool):
                 pass  # that thread ended
 
 
+def started_here() -> list[int]:
+    """Every process this one started (daemons, their sandboxes' interpreters and file
+    helpers, anchors' servers), for `pinned`, but the sandboxes' launchers and shims: a
+    launcher whose affinity changed takes it for a command's tampering, and ends its session
+    at its next fork (a shim, its next job). They are not on a round trip's path."""
+    import psutil
+    kept = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name() not in ("bwrap", "toolsd-init", "toolsd-shim"):
+                kept.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return kept
+
+
 def bench_hello() -> None:
     n = 5000
     with running_daemon() as (sock, root, proc):

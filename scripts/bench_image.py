@@ -118,16 +118,15 @@ def bench_image() -> None:
 
 
 def on_one_core(read, floor) -> tuple[float, float] | None:
-    """Medians of the small image.read and of its floor with this process and every process
-    it started (the daemon, the session's file helper) on core 0: each wakeup is then a
+    """Medians of the small image.read and of its floor with this process and those it
+    started (bench.started_here: the daemon, the session's file helper) on core 0: each wakeup is then a
     switch, not an interrupt to the other core (on a VM, through the hypervisor). None on
     one core."""
     if len(os.sched_getaffinity(0)) < 2:
         return None
-    import psutil
-    from bench import pinned, stats, timed
+    from bench import pinned, started_here, stats, timed
 
-    with pinned([p.pid for p in psutil.Process().children(recursive=True)], apart=False):
+    with pinned(started_here(), apart=False):
         reads, floors = [], []
         for _ in range(4):  # in turns, so that a drift of the machine meets both alike
             reads += timed(read, 50, 10)

@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench import (  # noqa: E402
-    ms, pinned, report, running_daemon, stats, timed, trio_echo, us)
+    ms, pinned, report, running_daemon, started_here, stats, timed, trio_echo, us)
 
 from driver import PYTHON_REPL  # noqa: E402
 from toolsd.client import Client  # noqa: E402
@@ -108,16 +108,14 @@ def bench_repl() -> None:
 
 
 def on_one_core(toolsd_one, bare_one, echo_one) -> tuple[float, float] | None:
-    """Medians of repl.exec and of its two hops with this process and every process it
-    started (the daemon, its sandbox and interpreter, the echo server, the bare driver) on
+    """Medians of repl.exec and of its two hops with this process and those it started
+    (bench.started_here: the daemon, its interpreter, the echo server, the bare driver) on
     core 0: each wakeup is then a switch, not an interrupt to the other core (on a VM,
     through the hypervisor), and what is left is the CPU each takes. None on one core."""
     if len(os.sched_getaffinity(0)) < 2:
         return None
-    import psutil
-
     toolsd, bare, echo = [], [], []
-    with pinned([p.pid for p in psutil.Process().children(recursive=True)], apart=False):
+    with pinned(started_here(), apart=False):
         for _ in range(ROUNDS):
             toolsd += timed(toolsd_one, ROUND_TRIPS // ROUNDS, warmup=50)
             bare += timed(bare_one, ROUND_TRIPS // ROUNDS, warmup=50)
