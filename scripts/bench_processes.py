@@ -102,7 +102,7 @@ def bench_processes() -> None:
     report("line -> waiting process.output (until), p90", ms(p90),
            anchor=f"bare pipe {ms(a_p90)}", ratio=p90 / a_p90)
     r_median, _ = stats(relay_line_latency(LATENCY_SAMPLES))
-    report("line -> waiting process.output (until), median", ms(median),
+    report("line -> waiting process.output (until), median, next to a relay", ms(median),
            anchor=f"trio relay {ms(r_median)}", ratio=median / r_median)
     if late:
         print(f"  ({late} of {LATENCY_SAMPLES} lines were already there when the read "
