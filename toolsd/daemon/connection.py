@@ -260,9 +260,7 @@ class Connection:
                 log.exception("internal error in %s", request.method)
                 reply = _error(request.id, INTERNAL, f"{request.method} failed inside toolsd; "
                                                      f"the daemon log has the trace")
-        if self._nursery.cancel_scope.cancel_called:
-            return _ANSWERED  # the connection is closing: nobody reads answers any more
-        rest = self._write_now(self._encode(reply))
+        rest = self._write_reply(reply)
         if rest is not None:  # it holds a slot until its answer is out, as any request
             entry = self.requests.admit(request)
             self.requests.answered(entry)
@@ -275,10 +273,7 @@ class Connection:
     def _deliver(self, entry: Entry, result: object) -> None:
         """Answer a request that has no task: at once if nobody else is writing, else from a
         task that waits its turn. Never raises."""
-        if self._nursery.cancel_scope.cancel_called:
-            self.requests.release(entry)
-            return  # the connection is closing: nobody reads answers any more
-        rest = self._write_now(self._encode(Reply(id=entry.request.id, result=result)))
+        rest = self._write_reply(Reply(id=entry.request.id, result=result))
         if rest is None:
             self.requests.release(entry)
         else:
@@ -309,6 +304,13 @@ class Connection:
         finally:
             entry.run_after()
             self.requests.release(entry)
+
+    def _write_reply(self, reply: Reply) -> bytes | None:
+        """_write_now of the reply of a request without a task; None too (nothing left to
+        write) once the connection is closing, as nobody reads answers any more."""
+        if self._nursery.cancel_scope.cancel_called:
+            return None
+        return self._write_now(self._encode(reply))
 
     def _write_now(self, frame: bytes) -> bytes | None:
         """Write `frame` if that takes no waiting for another writer. None once it is out

@@ -198,9 +198,9 @@ class Channel:
             log.warning("a message from the sandbox launcher was dropped: it came truncated "
                         "(%s); is the daemon at its limit of open files (ulimit -n)?",
                         "its descriptors" if flags & socket.MSG_CTRUNC else "its bytes")
-            close_all(fds)
-            return UNREADABLE, []
-        msg = decode(data)
+            msg = UNREADABLE
+        else:
+            msg = decode(data)
         if msg is UNREADABLE:
             close_all(fds)
             return UNREADABLE, []
