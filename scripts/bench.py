@@ -202,6 +202,21 @@ def started_here() -> list[int]:
     return kept
 
 
+def on_one_core(fns, rounds: int, n: int, warmup: int) -> list[float] | None:
+    """Medians of `fns`, taking turns over `rounds` rounds of `n` calls each (so that a drift
+    of the machine meets them alike), with this process and those it started (started_here)
+    on core 0: each wakeup is then a switch, not an interrupt to the other core (on a VM,
+    through the hypervisor), and what is left is the CPU each takes. None on one core."""
+    if len(os.sched_getaffinity(0)) < 2:
+        return None
+    times: list[list[float]] = [[] for _ in fns]
+    with pinned(started_here(), apart=False):
+        for _ in range(rounds):
+            for fn, out in zip(fns, times):
+                out += timed(fn, n, warmup)
+    return [stats(t)[0] for t in times]
+
+
 def bench_hello() -> None:
     n = 5000
     with running_daemon() as (sock, root, proc):

@@ -55,7 +55,7 @@ def tiny_png() -> bytes:
 
 def bench_image() -> None:
     import bench
-    from bench import ms, report, running_daemon, stats, timed
+    from bench import ms, on_one_core, report, running_daemon, stats, timed
 
     from toolsd.client import Client
     from toolsd.tools.images import MAX_PIXELS, fit_image
@@ -84,8 +84,9 @@ def bench_image() -> None:
                 photo, _ = stats(timed(lambda: c.image_read(session, "photo.jpg",
                                                             max_dim=MAX_DIM), ROUNDS, 2))
                 dot, _ = stats(timed(lambda: c.image_read(session, "dot.png"), 200, 20))
-                one_core = on_one_core(lambda: c.image_read(session, "dot.png"),
-                                       in_process("dot.png"))
+                # The same, with every wakeup a switch (bench.on_one_core).
+                one_core = on_one_core([lambda: c.image_read(session, "dot.png"),
+                                        in_process("dot.png")], rounds=4, n=50, warmup=10)
                 counts = call_counts(c, session, proc.pid)
             finally:
                 c.session_close(session)
@@ -115,23 +116,6 @@ def bench_image() -> None:
     for who, by_name in ((f"daemon{tree}", daemon), (f"file helper{tree}", helper)):
         print(f"  {who}: " + ", ".join(f"{name} {n:.1f}" for name, n in
                                        sorted(by_name.items(), key=lambda kv: -kv[1])))
-
-
-def on_one_core(read, floor) -> tuple[float, float] | None:
-    """Medians of the small image.read and of its floor with this process and those it
-    started (bench.started_here: the daemon, the session's file helper) on core 0: each wakeup is then a
-    switch, not an interrupt to the other core (on a VM, through the hypervisor). None on
-    one core."""
-    if len(os.sched_getaffinity(0)) < 2:
-        return None
-    from bench import pinned, started_here, stats, timed
-
-    with pinned(started_here(), apart=False):
-        reads, floors = [], []
-        for _ in range(4):  # in turns, so that a drift of the machine meets both alike
-            reads += timed(read, 50, 10)
-            floors += timed(floor, 50, 10)
-    return stats(reads)[0], stats(floors)[0]
 
 
 def call_counts(c, session: str, daemon: int):

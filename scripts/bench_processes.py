@@ -8,7 +8,6 @@ Run: .venv/bin/python scripts/bench_processes.py   (scripts/bench.py runs it as 
 from __future__ import annotations
 
 import os
-import select
 import shlex
 import signal
 import socket
@@ -197,19 +196,21 @@ def pipe_line_latency(n: int) -> list[float]:
     """Anchor: the same ticker writing into a bare pipe that we block on."""
     proc = subprocess.Popen([sys.executable, "-c", TICKER, str(n)], stdout=subprocess.PIPE)
     fd = proc.stdout.fileno()
-    samples = []
-    buf = b""
-    while True:
-        select.select([fd], [], [])
-        data = os.read(fd, 65536)
+    samples = _line_latencies(lambda: os.read(fd, 65536))
+    proc.wait()
+    return samples
+
+
+def _line_latencies(read) -> list[float]:
+    """Seconds from each ticker line's own timestamp until `read()` returned it, for the
+    reads that returned one line alone, until `read()` returns nothing (its end)."""
+    samples, buf = [], b""
+    while data := read():
         now = time.time()
-        if not data:
-            break
         buf += data
         *lines, buf = buf.split(b"\n")
         if len(lines) == 1:
             samples.append(now - float(lines[0][2:]))
-    proc.wait()
     return samples
 
 
@@ -226,14 +227,8 @@ def relay_line_latency(n: int) -> list[float]:
         finally:
             os._exit(0)
     theirs.close()
-    samples, buf = [], b""
     with ours:
-        while data := ours.recv(65536):
-            now = time.time()
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            if len(lines) == 1:
-                samples.append(now - float(lines[0][2:]))
+        samples = _line_latencies(lambda: ours.recv(65536))
     os.waitpid(pid, 0)
     return samples
 

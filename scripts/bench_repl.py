@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench import (  # noqa: E402
-    ms, pinned, report, running_daemon, started_here, stats, timed, trio_echo, us)
+    ms, on_one_core, report, running_daemon, stats, timed, trio_echo, us)
 
 from driver import PYTHON_REPL  # noqa: E402
 from toolsd.client import Client  # noqa: E402
@@ -73,7 +73,9 @@ def bench_repl() -> None:
             echo += timed(echo_one, ROUND_TRIPS // ROUNDS, warmup=50)
             if jupyter_one is not None:
                 jupyter += timed(jupyter_one, JUPYTER_ROUND_TRIPS // ROUNDS, warmup=5)
-        one_core = on_one_core(toolsd_one, bare_one, echo_one)
+        # The same, with every wakeup a switch (bench.on_one_core).
+        one_core = on_one_core([toolsd_one, bare_one, echo_one], ROUNDS, ROUND_TRIPS // ROUNDS,
+                               warmup=50)
     median, p90 = stats(toolsd)
     bare_median, bare_p90 = stats(bare)
     report('repl.exec("x = 1") round trip, median', us(median),
@@ -87,7 +89,8 @@ def bench_repl() -> None:
     report('repl.exec("x = 1") against its two hops alone', us(median),
            anchor=f"trio echo + bare pipe {us(hops)}", ratio=median / hops)
     if one_core is not None:
-        median_1, hops_1 = one_core
+        median_1, bare_1, echo_1 = one_core
+        hops_1 = bare_1 + echo_1
         report('repl.exec("x = 1") against its two hops, all on one core', us(median_1),
                anchor=f"trio echo + bare pipe {us(hops_1)}", ratio=median_1 / hops_1)
     if not jupyter:
@@ -105,22 +108,6 @@ def bench_repl() -> None:
     report("python3 -c per call, median", ms(pc_median),
            anchor=f"toolsd {us(median)}", ratio=pc_median / median)
     bench_repl_start()
-
-
-def on_one_core(toolsd_one, bare_one, echo_one) -> tuple[float, float] | None:
-    """Medians of repl.exec and of its two hops with this process and those it started
-    (bench.started_here: the daemon, its interpreter, the echo server, the bare driver) on
-    core 0: each wakeup is then a switch, not an interrupt to the other core (on a VM,
-    through the hypervisor), and what is left is the CPU each takes. None on one core."""
-    if len(os.sched_getaffinity(0)) < 2:
-        return None
-    toolsd, bare, echo = [], [], []
-    with pinned(started_here(), apart=False):
-        for _ in range(ROUNDS):
-            toolsd += timed(toolsd_one, ROUND_TRIPS // ROUNDS, warmup=50)
-            bare += timed(bare_one, ROUND_TRIPS // ROUNDS, warmup=50)
-            echo += timed(echo_one, ROUND_TRIPS // ROUNDS, warmup=50)
-    return stats(toolsd)[0], stats(echo)[0] + stats(bare)[0]
 
 
 FRESH_TURNS = 15
