@@ -12,7 +12,6 @@ import pytest
 
 from conftest import needs_bwrap, wait_for, wait_gone
 from toolsd.client import Client
-from toolsd.tools import repl_priority
 from toolsd.tools.repl_priority import StartPriority
 
 pytestmark = [needs_bwrap, pytest.mark.daemon("--interpreter-starts", "1")]
@@ -172,20 +171,6 @@ def test_an_interpreter_starts_lowered_and_runs_the_code_at_the_daemons_priority
     driver = [f"driver at {lowered}", f"driver then at {given_back}"]
     # The real path is asked only where the sandbox has a python3 of its own.
     assert notes in (driver, [f"asked at {lowered}", *driver]), notes
-
-
-def test_starts_run_at_the_daemons_priority_where_an_autogroup_cannot_be_given_back(
-        monkeypatch):
-    # Autogroups on and no CAP_SYS_ADMIN (a container): a start lowered by its nice value
-    # alone would gain nothing, and its autogroup could be given back only a tenth of a
-    # second later, so starts are not lowered at all.
-    monkeypatch.setattr(repl_priority, "_autogroups_on", lambda: True)
-    monkeypatch.setattr(repl_priority, "_can_restore_autogroup", lambda: False)
-    monkeypatch.setattr(repl_priority, "_can_restore", lambda normal: True)
-    monkeypatch.setattr(os, "getpriority", lambda which, who: 0)
-    assert StartPriority.find() == StartPriority(0, lowers=False, autogroups=False)
-    monkeypatch.setattr(repl_priority, "_can_restore_autogroup", lambda: True)
-    assert StartPriority.find() == StartPriority(0, lowers=True, autogroups=True)
 
 
 def test_asking_python3_for_its_real_path_runs_none_of_the_sites_code(daemon, client):

@@ -163,7 +163,7 @@ def test_an_output_still_open_after_the_exit_says_that_it_may_be_cut(daemon, cli
                 if "its output did not end" in line]
         assert held and "'python3')]" in held[-1] and "0 bytes unread" in held[-1]
     finally:
-        client.process_stop(keeper["id"])
+        assert client.process_stop(keeper["id"])["survivors"] == 0
 
 
 def test_a_command_that_kills_its_shim_ends_with_its_whole_tree(daemon, client, session):
