@@ -531,16 +531,24 @@ async def test_spares_stopped_from_inside_are_resumed_and_killed_ones_replaced(l
                                                   stdin=stdin_r)
         finally:
             os.close(stdin_r)
-        # Two jobs overlap, so the launcher forked a reader for the second; the second's
-        # shim, its job done, stays as a standby.
-        quick, quick_out = await spawn_piped(launcher, ["true"])
+        # Two jobs overlap, so the launcher forks a reader for the second when it reads that
+        # shim's "took"; the second's shim, its job done, stays as a standby. The second job
+        # waits until that fork: one that ended before the launcher read its "took" would
+        # leave its shim idle at once, to be made the reader again, and no third shim.
+        def shims() -> set[int]:
+            return {child.pid for child in psutil.Process(launcher.host_pid).children()}
+
+        hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            quick, quick_out = await spawn_piped(launcher, ["head", "-c", "1"], stdin=hold_r)
+        finally:
+            os.close(hold_r)
         os.close(quick_out)
-        await quick.done.wait()
-        # The launcher forks the next reader when it reads the second shim's "took", which
-        # may come after the job's end reached us (and after a ping's answer).
-        while len(spares := {child.pid for child in psutil.Process(launcher.host_pid).children()}
-                  - {signaller.shim_pid}) < 2:
+        while len(shims()) < 3:
             await trio.sleep(0.01)
+        os.close(hold_w)  # its head reads the end and exits
+        await quick.done.wait()
+        spares = shims() - {signaller.shim_pid}
         assert len(spares) == 2, (spares, signaller.shim_pid)  # the reader and a standby
         async with trio.lowlevel.FdStream(out_fd) as signaller_out:
             async def signal_from_inside(sig):
